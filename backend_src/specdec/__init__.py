@@ -1,0 +1,1 @@
+"""specdec: a speculative-decoding LLM engine for Triton's Python backend (no Triton imports)."""

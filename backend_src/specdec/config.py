@@ -1,0 +1,102 @@
+"""The engine's configuration, parsed once from Triton's string parameters.
+
+`EngineConfig.from_params` takes the `parameters` block of the
+`speculative_decoding` model's config.pbtxt as `{key: string}` and fails with one
+`ConfigError` naming the key for anything unusable (unknown dtype, a placeholder that
+`fill_template.py` left behind, a missing checkpoint directory).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+from .errors import ConfigError
+from .request import METHODS
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")  # float64: exact-comparison tests
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    base_model_dir: str
+    device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
+    dtype: str = "float32"
+    max_batch_size: int = 8  # KV-cache slots: requests decoded together
+    max_seq_len: int = 1024  # prompt + output tokens per request (KV positions per slot)
+    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    max_queue_size: int = 64  # requests waiting for a slot before new ones are refused
+    speculative_method: str = "none"
+    eagle_dir: Optional[str] = None
+    eagle3_dir: Optional[str] = None
+    medusa_dir: Optional[str] = None
+    draft_model_dir: Optional[str] = None
+    eagle_choices: str = "eagle_default_25"  # static tree for method "eagle"
+    medusa_choices: str = "mc_sim_7b_63"
+    eagle_depth: int = 5  # EAGLE-2/3 dynamic tree
+    eagle_top_k: int = 8
+    eagle_total_tokens: int = 0  # tree size incl. root; 0: chosen by timing the base model
+    num_draft_tokens: int = 4  # draft_model chain length
+    adaptive_speculation: bool = True  # shrink/skip speculation when it does not pay
+    seed: int = 0  # engine generator for requests that send no seed
+
+    @classmethod
+    def from_params(cls, params: dict[str, str]) -> "EngineConfig":
+        """Builds the config from Triton's string parameters; unknown keys are ignored
+        (Triton configs carry keys for other components), empty strings mean "unset"."""
+        kwargs = {}
+        for f in fields(cls):
+            if f.name not in params:
+                continue
+            raw = str(params[f.name]).strip()
+            if "${" in raw:
+                raise ConfigError(f"parameter {f.name!r} still holds a template placeholder {raw!r}; "
+                                  f"fill it with tools/fill_template.py")
+            if raw == "":
+                continue
+            kwargs[f.name] = _convert(f.name, raw, f.type)
+        if "base_model_dir" not in kwargs:
+            raise ConfigError("parameter 'base_model_dir' is required")
+        config = cls(**kwargs)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"parameter 'dtype' must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"parameter 'device' must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.speculative_method not in METHODS:
+            raise ConfigError(f"parameter 'speculative_method' must be one of {', '.join(METHODS)}, "
+                              f"got {self.speculative_method!r}")
+        for name in ("max_batch_size", "max_seq_len", "max_tokens_limit", "eagle_depth", "eagle_top_k"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"parameter {name!r} must be >= 1, got {getattr(self, name)}")
+        if not (Path(self.base_model_dir) / "config.json").is_file():
+            raise ConfigError(f"parameter 'base_model_dir': no config.json in {self.base_model_dir!r}")
+        for name in ("eagle_dir", "eagle3_dir", "medusa_dir", "draft_model_dir"):
+            value = getattr(self, name)
+            if value is not None and not (Path(value) / "config.json").is_file():
+                raise ConfigError(f"parameter {name!r}: no config.json in {value!r}")
+        needed = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir",
+                  "medusa": "medusa_dir", "draft_model": "draft_model_dir"}.get(self.speculative_method)
+        if needed and getattr(self, needed) is None:
+            raise ConfigError(f"speculative_method {self.speculative_method!r} needs parameter {needed!r}")
+
+
+def _convert(name: str, raw: str, typ) -> object:
+    typ = str(typ)
+    try:
+        if "bool" in typ:
+            lowered = raw.lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return lowered in ("true", "1", "yes")
+        if "int" in typ:
+            return int(raw)
+        if "float" in typ:
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"parameter {name!r} must be a {typ.replace('Optional[', '').rstrip(']')}, "
+                          f"got {raw!r}") from None
+    return raw

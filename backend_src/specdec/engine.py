@@ -1,0 +1,388 @@
+"""The engine: in-flight batching of requests over one target model and its drafters.
+
+A step reads top to bottom:
+1. admit waiting requests into free KV slots and prefill them (first token emitted);
+2. plan each running request's tree for this step (method, size: `policy.py`);
+3. drafters propose trees (one call per group of requests with equal settings);
+4. ONE target forward verifies every request's tree (plain decoding is a one-node tree);
+5. verification picks each request's accepted path and bonus token (greedy: exact
+   match; sampling: lossless rejection sampling);
+6. the accepted path is compacted in the target KV cache, drafters update their state,
+   new tokens are emitted, finished requests give their slot back.
+
+The engine knows nothing about Triton or tokenization. `submit` may be called from
+any thread; the loop runs in its own thread (`start`) or in the caller's (`generate`).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .config import EngineConfig
+from .errors import ConfigError, InputError, validate_that
+from .kv_cache import AttentionBatch, SlotAllocator
+from .models.checkpoint import read_config, torch_dtype
+from .models.eagle3 import eagle3_feature_layers
+from .models.layers import causal_mask
+from .models.llama import LlamaModel
+from .ops.kv_compact import kv_compact
+from .ops.tree_mask import build_tree
+from .ops.verify_greedy import verify_greedy
+from .ops.verify_sampling import verify_sampling
+from .policy import SpeculationPolicy
+from .request import AcceptanceStats, GenerationRequest, StepOutput
+from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
+                       sample_inverse_cdf, sampling_tensors)
+from .spec.base import Accepted, DraftTree, TreeSettings
+from .spec.loader import load_drafters
+from .stopping import cut_new_tokens
+
+Emit = Callable[[StepOutput], None]
+
+
+@dataclass
+class RequestState:
+    """A running request. Between steps every token but the last (the root of the
+    next tree) has its KV cached: `cached_len == len(tokens) - 1`."""
+
+    req: GenerationRequest
+    emit: Emit
+    slot: int
+    tokens: list[int]  # prompt + output
+    prompt_len: int
+    rng: RequestRng
+    settings: TreeSettings  # the request's resolved method and tree
+    cached_len: int = 0
+    output: list[int] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    draft: object = None  # the drafter's per-request state
+    cancelled: bool = False
+    finished: bool = False
+
+
+@dataclass
+class EngineMetrics:
+    """Server-wide counters (exported as Triton custom metrics), per method."""
+
+    draft_tokens: collections.Counter = field(default_factory=collections.Counter)
+    accepted_tokens: collections.Counter = field(default_factory=collections.Counter)
+    verify_steps: collections.Counter = field(default_factory=collections.Counter)
+    emitted_tokens: collections.Counter = field(default_factory=collections.Counter)
+    requests: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        dtype = torch_dtype(config.dtype)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"parameter 'device' is {config.device!r} but no GPU is visible")
+        try:
+            self.target = LlamaModel.from_pretrained(config.base_model_dir, dtype, self.device)
+        except (KeyError, ValueError, OSError) as e:
+            raise ConfigError(f"cannot load base model from {config.base_model_dir!r}: {e}") from None
+        base_cfg = read_config(config.base_model_dir)
+        self.max_context = min(config.max_seq_len, base_cfg.get("max_position_embeddings", config.max_seq_len))
+        self.vocab_size = self.target.shape.vocab_size
+        self.max_tokens_limit = config.max_tokens_limit
+        self.cache = self.target.new_cache(config.max_batch_size, self.max_context + 1)
+        self.slots = SlotAllocator(config.max_batch_size)
+        loaded = load_drafters(config, self.target, self.max_context + 1)
+        self.drafters = loaded.drafters
+        self.aux_layers = eagle3_feature_layers(self.target.shape.num_hidden_layers)
+        self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
+        self.metrics = EngineMetrics()
+        self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self._waiting: collections.deque = collections.deque()
+        self._running: list[RequestState] = []
+        self._cancel: set[str] = set()
+        self._lock = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._stop = False
+        self.policy.calibrate(self)
+
+    # -- public API ----------------------------------------------------------------------
+    def submit(self, req: GenerationRequest, emit: Emit) -> None:
+        """Validates (raises InputError) and queues; `emit` gets every step's output
+        from the engine thread, the last one with `finished=True`."""
+        req.validate(self.vocab_size, self.max_context, self.max_tokens_limit)
+        settings = self.policy.resolve(req)  # raises InputError for bad choices / unloaded methods
+        with self._lock:
+            validate_that(len(self._waiting) < self.config.max_queue_size,
+                          f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
+            self._waiting.append((req, emit, settings))
+            self._lock.notify_all()
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancel.add(request_id)
+            self._lock.notify_all()
+
+    def start(self) -> None:
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for state in list(self._running):
+            self._finish(state, [], "error", "the server is shutting down")
+        while self._waiting:
+            req, emit, _ = self._waiting.popleft()
+            emit(StepOutput(req.request_id, [], [], True, "error", "the server is shutting down"))
+
+    def generate(self, req: GenerationRequest) -> tuple[list[int], list[float], StepOutput]:
+        """Runs one request to completion (in the loop thread if started, else here).
+        Returns (output tokens, log-probs, last output)."""
+        outs: list[StepOutput] = []
+        done = threading.Event()
+
+        def emit(o: StepOutput) -> None:
+            outs.append(o)
+            if o.finished:
+                done.set()
+
+        self.submit(req, emit)
+        if self._thread is None:
+            while not done.is_set():
+                self.step()
+        else:
+            done.wait()
+        return ([t for o in outs for t in o.token_ids], [p for o in outs for p in o.log_probs], outs[-1])
+
+    @property
+    def num_active(self) -> int:
+        return len(self._running) + len(self._waiting)
+
+    # -- the loop ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._waiting and not self._running:
+                    self._lock.wait()
+                if self._stop:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # a bug must not hang clients: fail the batch, keep serving
+                for state in list(self._running):
+                    self._finish(state, [], "error", f"internal error: {type(e).__name__}: {e}")
+
+    def step(self) -> None:
+        """One iteration: admit + prefill newcomers, then one decode/verify step."""
+        self._apply_cancellations()
+        self._admit()
+        if self._running:
+            self._decode(self._running)
+
+    def _apply_cancellations(self) -> None:
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            kept = collections.deque()
+            for item in self._waiting:
+                if item[0].request_id in cancel:
+                    item[1](StepOutput(item[0].request_id, [], [], True, "cancelled"))
+                else:
+                    kept.append(item)
+            self._waiting = kept
+        for state in list(self._running):
+            if state.req.request_id in cancel:
+                self._finish(state, [], "cancelled")
+
+    def _admit(self) -> None:
+        while self.slots.available:
+            with self._lock:
+                if not self._waiting:
+                    return
+                req, emit, settings = self._waiting.popleft()
+            seed = req.sampling.seed
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+            state = RequestState(req=req, emit=emit, slot=self.slots.take(), tokens=list(req.input_ids),
+                                 prompt_len=len(req.input_ids), rng=RequestRng(seed), settings=settings)
+            self._running.append(state)
+            self.metrics.requests[settings.method] += 1
+            try:
+                self._prefill(state)
+            except Exception as e:
+                self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
+
+    def _prefill(self, state: RequestState) -> None:
+        ids = torch.tensor([state.tokens], device=self.device)
+        L = ids.shape[1]
+        drafter = self.drafters.get(state.settings.method)
+        aux_layers = self.aux_layers if drafter is not None and drafter.needs_aux else ()
+        batch = AttentionBatch.build(torch.tensor([state.slot], device=self.device),
+                                     torch.zeros(1, dtype=torch.long, device=self.device),
+                                     causal_mask(1, L, self.device))
+        with torch.inference_mode():
+            hidden, aux = self.target(ids, torch.arange(L, device=self.device)[None], self.cache, batch, aux_layers)
+            logits = self.target.logits(hidden[:, -1:])  # [1, 1, V]
+            state.cached_len = L
+            token, logp = self._sample_single(state, logits)
+            if drafter is not None:
+                drafter.prefill(state, hidden[0], aux[0] if aux is not None else None)
+        self._emit(state, [token], [logp])
+
+    def _sample_single(self, state: RequestState, logits: torch.Tensor) -> tuple[int, float]:
+        """First token after prefill: logits [1, 1, V]."""
+        row = LogitsRow(state.req, state.tokens, 0)
+        processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long, device=self.device))
+        if state.req.sampling.greedy:
+            token = int(processed[0, 0].argmax())
+            logp = torch.log_softmax(processed[0, 0], -1)[token]
+        else:
+            temp, top_k, top_p = sampling_tensors([row], self.device)
+            probs = probabilities(processed, temp, top_k, top_p)[0]
+            token = int(sample_inverse_cdf(probs, state.rng.uniforms(1).to(self.device))[0])
+            logp = torch.log(probs[0, token])
+        return token, float(logp)
+
+    def _decode(self, states: list[RequestState]) -> None:
+        B = len(states)
+        dev = self.device
+        settings = [self.policy.step_settings(s, B) for s in states]
+        trees: list[Optional[DraftTree]] = [None] * B
+        groups: dict[tuple, list[int]] = collections.defaultdict(list)
+        for i, (s, st) in enumerate(zip(states, settings)):
+            room = self.max_context - s.cached_len  # KV positions left for this step's tree
+            if st.method == "none" or needs_plain_steps(s.req) or room < 2:
+                trees[i] = DraftTree.root_only(s.tokens[-1], dev)
+            else:
+                groups[self.policy.group_key(st) + (s.req.sampling.greedy,)].append(i)
+        with torch.inference_mode():
+            for idx in groups.values():
+                method = settings[idx[0]].method
+                proposed = self.drafters[method].propose([states[i] for i in idx], [settings[i] for i in idx])
+                for i, tree in zip(idx, proposed):
+                    room = self.max_context - states[i].cached_len
+                    if tree.num_nodes > room:  # topological order: any prefix of nodes is a tree
+                        tree = DraftTree(tree.tokens[:room], tree.parents[:room],
+                                         None if tree.draft_probs is None else tree.draft_probs[:room])
+                    trees[i] = tree
+            self._verify(states, settings, trees)
+
+    def _verify(self, states: list[RequestState], settings: list[TreeSettings],
+                trees: list[DraftTree]) -> None:
+        B, dev = len(states), self.device
+        N = max(t.num_nodes for t in trees)
+        cand = torch.zeros(B, N, dtype=torch.long, device=dev)
+        parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        for b, t in enumerate(trees):
+            cand[b, : t.num_nodes] = t.tokens
+            parents[b, : t.num_nodes] = t.parents
+        num_nodes = torch.tensor([t.num_nodes for t in trees], device=dev)
+        prefix = torch.tensor([s.cached_len for s in states], device=dev)
+        slots = torch.tensor([s.slot for s in states], device=dev)
+        tb = build_tree(parents, num_nodes, prefix)
+        batch = AttentionBatch.build(slots, prefix, tb.tree_mask)
+        need_aux = any(self.drafters.get(st.method) is not None and self.drafters[st.method].needs_aux
+                       for st in (s.settings for s in states))
+        hidden, aux = self.target(cand, tb.positions, self.cache, batch, self.aux_layers if need_aux else ())
+        rows = [LogitsRow(s.req, s.tokens, len(s.tokens) - s.prompt_len) for s in states]
+        logits = process_logits(self.target.logits(hidden), rows, tb.depth)  # [B, N, V]
+
+        accept_len = torch.zeros(B, dtype=torch.long, device=dev)
+        accepted = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        bonus = torch.zeros(B, dtype=torch.long, device=dev)
+        log_dist = torch.empty_like(logits)  # log of the distribution each token was drawn from
+        greedy = [b for b, s in enumerate(states) if s.req.sampling.greedy]
+        sampled = [b for b, s in enumerate(states) if not s.req.sampling.greedy]
+        if greedy:
+            g = torch.tensor(greedy, device=dev)
+            r = verify_greedy(cand[g], parents[g], num_nodes[g], logits[g].argmax(-1))
+            accept_len[g], accepted[g], bonus[g] = r.accept_len, r.accepted_nodes, r.bonus_token
+            log_dist[g] = torch.log_softmax(logits[g], -1)
+        # Requests whose drafter sampled its proposals pass draft_probs; the others were
+        # proposed deterministically (top-k), which verification treats as one-hot.
+        for with_q in (False, True):
+            part = [b for b in sampled if (trees[b].draft_probs is not None) == with_q]
+            if not part:
+                continue
+            p_idx = torch.tensor(part, device=dev)
+            temp, top_k, top_p = sampling_tensors([rows[b] for b in part], dev)
+            probs = probabilities(logits[p_idx], temp, top_k, top_p)
+            uniforms = torch.stack([states[b].rng.uniforms(N + 1) for b in part]).to(dev)
+            q = None
+            if with_q:
+                q = torch.zeros_like(probs)
+                for j, b in enumerate(part):
+                    q[j, : trees[b].num_nodes] = trees[b].draft_probs
+            r = verify_sampling(cand[p_idx], parents[p_idx], num_nodes[p_idx], probs, q,
+                                uniforms[:, :N].contiguous(), uniforms[:, N].contiguous())
+            accept_len[p_idx], accepted[p_idx], bonus[p_idx] = r.accept_len, r.accepted_nodes, r.bonus_token
+            log_dist[p_idx] = torch.log(probs)
+        kv_compact(self.cache.kv, slots, prefix, accepted, accept_len)
+
+        # Host sync: the accepted tokens are needed on the host to be emitted.
+        accept_host = accept_len.tolist()
+        accepted_host = accepted.tolist()
+        bonus_host = bonus.tolist()
+        cand_host = cand.tolist()
+        for b, s in enumerate(states):
+            a = accept_host[b]
+            nodes = accepted_host[b][: a + 1]
+            new_tokens = [cand_host[b][n] for n in nodes[1:]] + [bonus_host[b]]
+            log_probs: list[float] = []
+            if s.req.return_log_probs:
+                lp = log_dist[b, torch.tensor(nodes, device=dev), torch.tensor(new_tokens, device=dev)]
+                log_probs = lp.tolist()
+            drafted = trees[b].num_nodes - 1
+            self._count(s, drafted, a)
+            drafter = self.drafters.get(s.settings.method)
+            if drafter is not None:
+                node_t = torch.tensor(nodes, device=dev)
+                drafter.commit(s, Accepted(node_t, hidden[b, node_t], aux[b, node_t] if aux is not None else None,
+                                           new_tokens))
+            s.cached_len += a + 1
+            self._emit(s, new_tokens, log_probs)
+            self.policy.observe(s, drafted, a)
+
+    def _count(self, s: RequestState, drafted: int, accepted: int) -> None:
+        st = s.stats
+        st.total_draft_tokens += drafted
+        st.total_accepted_draft_tokens += accepted
+        st.target_forwards += 1
+        st.emitted_tokens += accepted + 1
+        m = self.metrics
+        method = s.settings.method if drafted else "none"
+        m.draft_tokens[method] += drafted
+        m.accepted_tokens[method] += accepted
+        m.verify_steps[method] += 1
+        m.emitted_tokens[method] += accepted + 1
+
+    def _emit(self, state: RequestState, new_tokens: list[int], log_probs: list[float]) -> None:
+        emitted, reason = cut_new_tokens(state.req, state.output, new_tokens)
+        state.output += emitted
+        state.tokens += new_tokens
+        lps = log_probs[: len(emitted)] if state.req.return_log_probs else []
+        state.cum_log_prob += sum(lps)
+        if reason is None and len(state.tokens) >= self.max_context:
+            reason = "length"  # the KV slot is full
+        if reason is not None:
+            self._finish(state, emitted, reason, log_probs=lps)
+        else:
+            state.emit(StepOutput(state.req.request_id, emitted, lps, False, None, None, state.stats))
+
+    def _finish(self, state: RequestState, tokens: list[int], reason: str, error: Optional[str] = None,
+                log_probs: Optional[list[float]] = None) -> None:
+        if state.finished:
+            return
+        state.finished = True
+        self._running.remove(state)
+        self.slots.give_back(state.slot)
+        drafter = self.drafters.get(state.settings.method)
+        if drafter is not None and state.draft is not None:
+            drafter.release(state)
+        state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats))
+

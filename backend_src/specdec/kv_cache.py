@@ -1,0 +1,96 @@
+"""A static KV cache shared by all requests: one slot per running request.
+
+Layout `kv[L, 2, S, H_kv, T_max, D]` (layers, key/value, slots, KV heads, positions,
+head dim), allocated once at load. New tokens of a forward are written at absolute
+positions `prefix_len + t` of their request's slot (gpt-fast style), so a tree of
+draft tokens is written right after the committed prefix and, after verification,
+`ops.kv_compact` moves the accepted path down in place. Nothing grows per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+
+
+@dataclass
+class AttentionBatch:
+    """Where a forward's tokens sit, built once per forward and shared by all layers.
+
+    Worked example (one request, prefix 3 cached tokens, 2 new chain tokens):
+        prefix_len [3], write_pos [[3, 4]], key_len 5,
+        mask row 0: [1 1 1 1 0], row 1: [1 1 1 1 1]
+    """
+
+    slots: torch.Tensor  # [B] int64 cache slot of each request
+    write_pos: torch.Tensor  # [B, T] int64 cache position of each new token
+    mask: torch.Tensor  # [B, 1, T, key_len] bool: query t may attend to key s
+    key_len: int  # keys read per request: max(prefix_len) + T
+
+    @staticmethod
+    def build(slots: torch.Tensor, prefix_len: torch.Tensor, local_mask: torch.Tensor,
+              write_offset: int = 0) -> "AttentionBatch":
+        """Keys `[0, prefix_len)` are visible to every new token; keys in the window
+        `[prefix_len, prefix_len + W)` are visible as `local_mask[B, T, W]` says (causal
+        for a chain, ancestors for a tree). The T new tokens are written at
+        `prefix_len + write_offset + t`, so `W == write_offset + T`: a drafter that
+        grows a tree depth by depth writes each depth after the last one."""
+        B, T, W = local_mask.shape
+        assert W == write_offset + T, (W, write_offset, T)
+        assert slots.shape == (B,) and prefix_len.shape == (B,), (slots.shape, prefix_len.shape)
+        device = local_mask.device
+        # One host read of the largest prefix: it fixes the key length of the step.
+        key_len = int(prefix_len.max().item()) + W
+        window = prefix_len[:, None] + torch.arange(W, device=device)[None, :]  # [B, W]
+        mask = torch.arange(key_len, device=device)[None, None, :] < prefix_len[:, None, None]
+        mask = mask.expand(B, T, key_len).clone()
+        mask.scatter_(2, window[:, None, :].expand(B, T, W), local_mask)
+        return AttentionBatch(slots=slots, write_pos=window[:, write_offset:], mask=mask[:, None], key_len=key_len)
+
+
+class KVCache:
+    """The static cache of one model (target or drafter)."""
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_len: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+        self.max_len = max_len
+        self.num_slots = num_slots
+        self.kv = torch.zeros(num_layers, 2, num_slots, num_kv_heads, max_len, head_dim,
+                              dtype=dtype, device=device)
+
+    def write(self, layer: int, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [B, H_kv, T, D] for the forward's new tokens."""
+        index = (batch.slots[:, None], slice(None), batch.write_pos)
+        self.kv[layer, 0][index] = k.transpose(1, 2).to(self.kv.dtype)
+        self.kv[layer, 1][index] = v.transpose(1, 2).to(self.kv.dtype)
+
+    def read(self, layer: int, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, H_kv, key_len, D] of the batch's slots."""
+        if batch.slots.numel() == 1:
+            s = batch.slots[0]
+            return (self.kv[layer, 0, s, :, : batch.key_len][None],
+                    self.kv[layer, 1, s, :, : batch.key_len][None])
+        return (self.kv[layer, 0].index_select(0, batch.slots)[:, :, : batch.key_len],
+                self.kv[layer, 1].index_select(0, batch.slots)[:, :, : batch.key_len])
+
+
+class SlotAllocator:
+    """Free list of cache slots; the scheduler takes one per admitted request."""
+
+    def __init__(self, num_slots: int):
+        self.free = list(range(num_slots - 1, -1, -1))
+
+    def take(self) -> int:
+        if not self.free:
+            raise InputError("no free KV-cache slot")
+        return self.free.pop()
+
+    def give_back(self, slot: int) -> None:
+        assert slot not in self.free, f"slot {slot} freed twice"
+        self.free.append(slot)
+
+    @property
+    def available(self) -> int:
+        return len(self.free)

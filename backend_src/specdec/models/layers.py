@@ -1,0 +1,181 @@
+"""Llama building blocks shared by the target model and the EAGLE heads.
+
+Module and parameter names mirror Hugging Face's Llama (`self_attn.q_proj`,
+`mlp.gate_proj`, `input_layernorm`, ...) so upstream state dicts load unchanged.
+Attention either runs over the forward's own tokens only (training, `cache=None`)
+or writes into and reads from a `KVCache` slot (serving).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..kv_cache import AttentionBatch, KVCache
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The parts of a Llama-family `config.json` the forward needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Optional[dict]
+    max_position_embeddings: int
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2: always)
+    tie_word_embeddings: bool
+
+    @staticmethod
+    def from_config(cfg: dict) -> "LlamaShape":
+        model_type = cfg.get("model_type", "llama")
+        if model_type not in ("llama", "mistral", "qwen2"):
+            raise ConfigError(f"model_type {model_type!r} is not a Llama-family model "
+                              f"(supported: llama, mistral, qwen2)")
+        heads = cfg["num_attention_heads"]
+        rope_scaling = cfg.get("rope_scaling") or None
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None:  # transformers 5 nests RoPE settings under rope_parameters
+            params = cfg.get("rope_parameters") or {}
+            rope_theta = params.get("rope_theta", 10000.0)
+            if params.get("rope_type", "default") != "default":
+                rope_scaling = params
+        return LlamaShape(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], with Llama-3 or linear scaling applied."""
+    d = shape.head_dim
+    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = shape.rope_scaling
+    if not scaling:
+        return inv_freq.float()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return inv_freq.float()
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float()
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_ctx = scaling["original_max_position_embeddings"]
+        wavelen = 2 * torch.pi / inv_freq
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        scaled = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+        return scaled.float()
+    raise ConfigError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, D]; cos/sin: [B, 1, T, D] (rotate-half convention, as HF Llama)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """cos, sin [B, 1, T, D] for positions [B, T]."""
+    freqs = positions[..., None].float() * inv_freq[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: LlamaShape, in_features: Optional[int] = None, bias: Optional[bool] = None):
+        super().__init__()
+        in_features = in_features or shape.hidden_size
+        bias = shape.attention_bias if bias is None else bias
+        self.n_heads, self.n_kv, self.head_dim = shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
+        self.q_proj = nn.Linear(in_features, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, shape.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: Optional[KVCache] = None, layer: int = 0,
+                batch: Optional[AttentionBatch] = None) -> torch.Tensor:
+        """x: [B, T, in]; mask: [B, 1, T, keys] bool. Without a cache the keys are the
+        forward's own T tokens; with one they are the slot's first `batch.key_len`."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if cache is not None:
+            cache.write(layer, batch, k, v)
+            k, v = cache.read(layer, batch)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A Llama decoder layer; `input_norm=False` gives EAGLE-1's first head layer."""
+
+    def __init__(self, shape: LlamaShape, input_norm: bool = True):
+        super().__init__()
+        self.self_attn = Attention(shape)
+        self.mlp = MLP(shape.hidden_size, shape.intermediate_size)
+        if input_norm:
+            self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache=None, layer=0, batch=None):
+        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        x = x + self.self_attn(h, cos, sin, mask, cache, layer, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def causal_mask(B: int, T: int, device) -> torch.Tensor:
+    """[B, T, T] bool lower-triangular: the local mask of a chain of tokens."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None].expand(B, T, T)

@@ -1,0 +1,86 @@
+"""The target (and draft-model) forward: a Llama-family decoder over a static KV cache.
+
+Loads Hugging Face checkpoints (Llama, Vicuna, Llama-3, Mistral, Qwen2 shapes) from a
+local directory. One forward takes any batch of token blocks, each a prompt, a single
+decode token, a chain or a tree: the caller gives per-request cache slots, prefix
+lengths, positions and the block's local mask, and gets back final (post-norm) hidden
+states and, when asked, the inputs of chosen layers (EAGLE-3's low/mid/high features).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..kv_cache import AttentionBatch, KVCache
+from .checkpoint import load_state_dict, read_config
+from .layers import DecoderLayer, LlamaShape, RMSNorm, rope_inv_freq, rope_tables
+
+
+class _Body(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_hidden_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """`model.*` + `lm_head` with Hugging Face's parameter names."""
+
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.shape = shape
+        self.model = _Body(shape)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        if shape.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(shape), persistent=False)
+
+    @staticmethod
+    def from_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "LlamaModel":
+        shape = LlamaShape.from_config(read_config(directory))
+        with torch.device("meta"):
+            model = LlamaModel(shape)
+        state = load_state_dict(directory)
+        if shape.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        expected = {k for k in model.state_dict() if not (shape.tie_word_embeddings and k == "lm_head.weight")}
+        missing, unexpected = expected - state.keys(), state.keys() - expected
+        unexpected = {k for k in unexpected if not k.endswith("rotary_emb.inv_freq")}
+        if missing or unexpected:
+            raise ConfigError(f"{str(directory)!r}: checkpoint does not match its config "
+                              f"(missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]})")
+        model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False, assign=True)
+        if shape.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.inv_freq = rope_inv_freq(shape)
+        return model.to(device=device, dtype=dtype).eval()
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        s = self.shape
+        p = self.lm_head.weight
+        return KVCache(s.num_hidden_layers, num_slots, s.num_key_value_heads, max_len, s.head_dim,
+                       p.dtype, p.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                batch: AttentionBatch, aux_layers: Sequence[int] = ()
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """input_ids, positions: [B, T]. Returns (hidden [B, T, H] after the final norm,
+        aux [B, T, len(aux_layers) * H] = inputs of those layers, or None)."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        aux: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in aux_layers:
+                aux[i] = x
+            x = layer(x, cos, sin, batch.mask, cache, i, batch)
+        feats = torch.cat([aux[i] for i in aux_layers], dim=-1) if aux_layers else None
+        return self.model.norm(x), feats
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,127 @@
+"""Turning target logits into what verification needs, per request and per tree node.
+
+`process_logits` applies, in order: bad words, min_tokens (end_id suppressed while a
+node's output index is below it), penalties (repetition over prompt + output, presence
+and frequency over output, as vLLM), then `probabilities` applies temperature,
+top-k and top-p. Greedy rows take the argmax of the processed logits.
+
+Losslessness: bad single-token words and min_tokens depend only on a node's depth, so
+they are exact for tree nodes. Penalties and multi-token bad words depend on the path
+history; the engine does not speculate for a request while they can act
+(`needs_plain_steps`), so they are exact too.
+
+Random numbers come from a per-request `torch.Generator` on the CPU, seeded with the
+request's seed: a seeded request repeats exactly, and requests never share state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .request import GenerationRequest
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class LogitsRow:
+    """What logits processing needs from one request for one step."""
+
+    request: GenerationRequest
+    history: list[int]  # prompt + output tokens so far (the root included)
+    num_generated: int  # output tokens so far; the token drawn after a depth-d node is output number num_generated + d
+
+
+def needs_plain_steps(req: GenerationRequest) -> bool:
+    """True when processing depends on path history, so tree nodes cannot share it."""
+    return req.sampling.has_penalties or any(len(w) > 1 for w in req.bad_words)
+
+
+def process_logits(logits: torch.Tensor, rows: list[LogitsRow], depth: torch.Tensor) -> torch.Tensor:
+    """logits: [B, N, V] float32 (row b, node n = distribution after node n);
+    depth: [B, N] int64 node depths. Returns processed logits (new tensor)."""
+    B, N, V = logits.shape
+    assert len(rows) == B and depth.shape == (B, N), (len(rows), depth.shape)
+    out = logits.clone()
+    for b, row in enumerate(rows):
+        req = row.request
+        banned = [w[0] for w in req.bad_words if len(w) == 1]
+        for w in req.bad_words:
+            if len(w) > 1 and len(row.history) >= len(w) - 1 and row.history[len(row.history) - len(w) + 1:] == w[:-1]:
+                banned.append(w[-1])
+        if banned:
+            out[b, :, banned] = NEG_INF
+        if req.end_id is not None and req.sampling.min_tokens > 0:
+            early = (row.num_generated + depth[b]) < req.sampling.min_tokens
+            out[b, early, req.end_id] = NEG_INF
+        s = req.sampling
+        if s.has_penalties:
+            _apply_penalties(out[b], row.history, row.num_generated, s.repetition_penalty,
+                             s.presence_penalty, s.frequency_penalty)
+    return out
+
+
+def _apply_penalties(logits: torch.Tensor, history: list[int], num_generated: int,
+                     repetition: float, presence: float, frequency: float) -> None:
+    """logits: [N, V], in place. Repetition over prompt + output; presence and
+    frequency over output tokens only."""
+    V = logits.shape[-1]
+    if repetition != 1.0 and history:
+        seen = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+        vals = logits[:, seen]
+        logits[:, seen] = torch.where(vals > 0, vals / repetition, vals * repetition)
+    if (presence or frequency) and num_generated > 0:
+        out_tokens = torch.tensor(history[len(history) - num_generated:], dtype=torch.long, device=logits.device)
+        counts = torch.bincount(out_tokens, minlength=V).to(logits.dtype)
+        logits -= presence * (counts > 0).to(logits.dtype) + frequency * counts
+
+
+def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                  top_p: torch.Tensor) -> torch.Tensor:
+    """Sampling distribution. logits: [B, N, V]; temperature, top_p: [B] float (> 0);
+    top_k: [B] int64 (0 = off). Returns probs [B, N, V] float32."""
+    B, N, V = logits.shape
+    scaled = logits.float() / temperature[:, None, None]
+    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        ranks = torch.arange(V, device=logits.device)[None, None, :]
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
+        drop = ranks >= k
+        probs_sorted = torch.softmax(sorted_logits.masked_fill(drop, NEG_INF), dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        before = probs_sorted.cumsum(-1) - probs_sorted
+        drop |= before >= top_p[:, None, None]
+        sorted_logits = sorted_logits.masked_fill(drop, NEG_INF)
+        scaled = torch.full_like(scaled, NEG_INF).scatter(-1, order, sorted_logits)
+    return torch.softmax(scaled, dim=-1)
+
+
+def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """probs: [B, V]; uniforms: [B] in [0, 1). The token whose CDF interval holds u."""
+    cdf = probs.cumsum(-1)
+    u = uniforms[:, None] * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+class RequestRng:
+    """One request's random stream (CPU generator: reproducible on any device)."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(seed)
+
+    def uniforms(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator, dtype=torch.float64).float()
+
+
+def sampling_tensors(rows: list[LogitsRow], device) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(temperature, top_k, top_p) of the rows as tensors; temperature 0 rows get 1."""
+    if not rows:
+        return None
+    temp = torch.tensor([r.request.sampling.temperature or 1.0 for r in rows], device=device)
+    top_k = torch.tensor([r.request.sampling.top_k for r in rows], device=device, dtype=torch.long)
+    top_p = torch.tensor([r.request.sampling.top_p for r in rows], device=device)
+    return temp, top_k, top_p

@@ -1,0 +1,104 @@
+"""Draft-model speculation: a small LM with the target's tokenizer proposes a chain.
+
+Per request the draft model keeps its own KV cache slot (same slot id) holding
+`draft_len` tokens. A step first feeds the tokens it has not seen (the accepted path
+and bonus token of the last step: a catch-up), then extends a chain of
+`num_draft_tokens` tokens one forward at a time: greedy for greedy requests, sampled
+from its own (temperature/top-k/top-p-processed) distribution otherwise, with those
+distributions returned as `draft_probs` so verification applies Leviathan et al.'s
+rule. Chain entries beyond the accepted prefix are simply overwritten later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..kv_cache import AttentionBatch
+from ..models.layers import causal_mask
+from ..models.llama import LlamaModel
+from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
+from .base import Accepted, DraftTree, TreeSettings
+
+
+@dataclass
+class DraftModelState:
+    draft_len: int  # tokens of the request in the draft model's KV cache
+    chain: int = 0  # tokens drafted in the last proposal
+
+
+class DraftModelDrafter:
+    needs_aux = False
+
+    def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int):
+        self.model = model
+        self.cache = model.new_cache(num_slots, max_seq_len + 32)
+
+    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
+        state.draft = DraftModelState(draft_len=0)  # the first catch-up reads the prompt
+
+    def commit(self, state, accepted: Accepted) -> None:
+        d = state.draft
+        a = len(accepted.new_tokens) - 1
+        if d.chain:
+            # Cached: root at cached_len, then the chain's first chain-1 tokens.
+            d.draft_len = state.cached_len + 1 + min(a, d.chain - 1)
+        d.chain = 0
+
+    def release(self, state) -> None:
+        state.draft = None
+
+    def _forward(self, states, tokens: torch.Tensor, lens: list[int]) -> torch.Tensor:
+        """Feeds tokens [B, T] (row b's first lens[b] are real) after each draft_len;
+        returns logits [B, V] at each row's last real token."""
+        device = tokens.device
+        B, T = tokens.shape
+        start = torch.tensor([s.draft.draft_len for s in states], device=device)
+        slots = torch.tensor([s.slot for s in states], device=device)
+        batch = AttentionBatch.build(slots, start, causal_mask(B, T, device))
+        hidden, _ = self.model(tokens, start[:, None] + torch.arange(T, device=device)[None], self.cache, batch)
+        last = hidden[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
+        for s, n in zip(states, lens):
+            s.draft.draft_len += n
+        return self.model.logits(last)
+
+    def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
+        device = self.cache.kv.device
+        B = len(states)
+        gamma = max(1, settings[0].num_draft_tokens)
+        unseen = [s.tokens[s.draft.draft_len:] for s in states]
+        lens = [len(u) for u in unseen]
+        tokens = torch.zeros(B, max(lens), dtype=torch.long, device=device)
+        for b, u in enumerate(unseen):
+            tokens[b, : len(u)] = torch.tensor(u, device=device)
+        logits = self._forward(states, tokens, lens)
+        rows = [LogitsRow(s.req, s.tokens, len(s.tokens) - s.prompt_len) for s in states]
+        greedy = all(s.req.sampling.greedy for s in states)
+        chain, dists = [], []
+        for j in range(gamma):
+            if greedy:
+                nxt = logits.argmax(-1)
+            else:
+                temp, top_k, top_p = sampling_tensors(rows, device)
+                probs = probabilities(logits[:, None], temp, top_k, top_p)[:, 0]
+                u = torch.stack([s.rng.uniforms(1) for s in states]).to(device)[:, 0]
+                nxt = sample_inverse_cdf(probs, u)
+                dists.append(probs)
+            chain.append(nxt)
+            if j + 1 < gamma:
+                logits = self._forward(states, nxt[:, None], [1] * B)
+        for s in states:
+            s.draft.chain = gamma
+            s.draft.draft_len -= gamma - 1  # chain entries are scratch until accepted
+        chain_t = torch.stack(chain, dim=1)  # [B, gamma]
+        parents = torch.arange(-1, gamma, device=device)
+        trees = []
+        for b, s in enumerate(states):
+            toks = torch.cat((torch.tensor([s.tokens[-1]], device=device), chain_t[b]))
+            q = None
+            if dists:
+                q = torch.zeros(gamma + 1, logits.shape[-1], device=device)
+                q[:gamma] = torch.stack([d[b] for d in dists])
+            trees.append(DraftTree(toks, parents.clone(), q))
+        return trees

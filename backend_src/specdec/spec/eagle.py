@@ -1,0 +1,223 @@
+"""EAGLE drafting: EAGLE-1 static trees, EAGLE-2 dynamic trees, EAGLE-3 heads.
+
+Per request the head keeps its own KV cache slot (same slot id as the target) with
+`head_len` entries, one per (token x[t+1], target feature at t) pair it has consumed,
+and `pending`: target features of accepted tokens it has not consumed yet.
+
+A step (one call of `propose` for a group of requests with the same tree settings):
+1. catch-up: one head forward over each request's pending pairs (the prompt after
+   prefill, the accepted path after a step). Its last output drafts depth 1.
+2. expansion: one head forward per depth over the frontier nodes, written into a
+   scratch region after `head_len`; each node sees the prefix and its own ancestors.
+   EAGLE-2/3 keep the `top_k` frontier nodes of highest cumulative log-probability
+   and finally rerank all candidates to `total_tokens - 1`; EAGLE-1 follows a static
+   tree of choices.
+The scratch region is simply overwritten by the next catch-up, so the head cache
+never needs compaction: it only ever holds pairs built from real target features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..kv_cache import AttentionBatch
+from ..models.eagle import EagleHead
+from ..models.eagle3 import Eagle3Head
+from ..models.layers import causal_mask
+from ..models.llama import LlamaModel
+from .base import Accepted, DraftTree, TreeSettings
+
+# Longest catch-up batched with others; longer ones (prefill) run alone so short
+# requests are not padded to a prompt's length.
+BATCHED_CATCH_UP = 16
+# Room after the committed prefix for the drafting scratch region.
+SCRATCH = 16 * 16 + BATCHED_CATCH_UP
+
+
+@dataclass
+class EagleState:
+    head_len: int  # head KV entries (pairs consumed)
+    pending: torch.Tensor  # [m, F] target features not yet consumed (F = H, or 3H for EAGLE-3)
+
+
+class EagleDrafter:
+    def __init__(self, head: EagleHead | Eagle3Head, target: LlamaModel, num_slots: int, max_seq_len: int):
+        self.head = head
+        self.target = target
+        self.eagle3 = isinstance(head, Eagle3Head)
+        self.needs_aux = self.eagle3
+        self.cache = head.new_cache(num_slots, max_seq_len + SCRATCH)
+
+    # -- state ---------------------------------------------------------------------------
+    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
+        state.draft = EagleState(head_len=0, pending=aux if self.eagle3 else hidden)
+
+    def commit(self, state, accepted: Accepted) -> None:
+        # Appends: a step without drafting (speculation paused) leaves pairs pending too.
+        new = accepted.aux if self.eagle3 else accepted.hidden
+        state.draft.pending = torch.cat((state.draft.pending, new.to(state.draft.pending.dtype)))
+
+    def release(self, state) -> None:
+        state.draft = None
+
+    # -- drafting ------------------------------------------------------------------------
+    def _head(self, tokens, feats, positions, batch: AttentionBatch) -> torch.Tensor:
+        return self.head(tokens, feats, positions, batch.mask, self.cache, batch)
+
+    def _log_probs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Draft log-probs [..., V'] and, for EAGLE-3, the draft-to-target id offsets."""
+        if self.eagle3:
+            return torch.log_softmax(self.head.draft_logits(hidden), dim=-1), self.head.d2t
+        return torch.log_softmax(self.target.logits(hidden), dim=-1), None
+
+    @staticmethod
+    def _to_target(ids: torch.Tensor, d2t: Optional[torch.Tensor]) -> torch.Tensor:
+        return ids if d2t is None else ids + d2t[ids]
+
+    def _catch_up(self, states: list) -> torch.Tensor:
+        """Consumes every request's pending pairs; returns the last outputs [B, H]."""
+        last: list[Optional[torch.Tensor]] = [None] * len(states)
+        short = [i for i, s in enumerate(states) if len(s.draft.pending) <= BATCHED_CATCH_UP]
+        groups = [short] if short else []
+        groups += [[i] for i, s in enumerate(states) if len(s.draft.pending) > BATCHED_CATCH_UP]
+        for group in groups:
+            outs = self._catch_up_group([states[i] for i in group])
+            for i, out in zip(group, outs):
+                last[i] = out
+        return torch.stack(last)
+
+    def _catch_up_group(self, states: list) -> torch.Tensor:
+        device = self.cache.kv.device
+        lens = [len(s.draft.pending) for s in states]
+        B, M = len(states), max(lens)
+        F = states[0].draft.pending.shape[-1]
+        tokens = torch.zeros(B, M, dtype=torch.long, device=device)
+        feats = torch.zeros(B, M, F, dtype=states[0].draft.pending.dtype, device=device)
+        for b, s in enumerate(states):
+            hl, m = s.draft.head_len, lens[b]
+            tokens[b, :m] = torch.tensor(s.tokens[hl + 1 : hl + 1 + m], device=device)
+            feats[b, :m] = s.draft.pending
+        head_len = torch.tensor([s.draft.head_len for s in states], device=device)
+        slots = torch.tensor([s.slot for s in states], device=device)
+        batch = AttentionBatch.build(slots, head_len, causal_mask(B, M, device))
+        positions = head_len[:, None] + torch.arange(M, device=device)[None]
+        x = self.head.fc(feats) if self.eagle3 else feats
+        out = self._head(tokens, x, positions, batch)
+        for b, s in enumerate(states):
+            s.draft.head_len += lens[b]
+            s.draft.pending = s.draft.pending[:0]
+        return out[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
+
+    def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
+        """All `settings` of one call share method, depth and top_k (or static choices)."""
+        last = self._catch_up(states)  # [B, H]
+        if settings[0].method == "eagle":
+            return self._static(states, last, settings[0].choices)
+        return self._dynamic(states, last, settings)
+
+    def _dynamic(self, states: list, last: torch.Tensor, settings: list[TreeSettings]) -> list[DraftTree]:
+        device = last.device
+        B, H = last.shape
+        k, depth = settings[0].top_k, settings[0].depth
+        slots = torch.tensor([s.slot for s in states], device=device)
+        head_len = torch.tensor([s.draft.head_len for s in states], device=device)
+        logp, d2t = self._log_probs(last)
+        score, tok = logp.topk(k, dim=-1)  # [B, k] depth-1 candidates, best first
+        tok = self._to_target(tok, d2t)
+        cand_tok, cand_score, cand_parent, cand_depth = [tok], [score], [torch.full_like(tok, -1)], [1]
+        front_tok, front_score, front_feat = tok, score, last[:, None].expand(B, k, H)
+        front_cand = torch.arange(k, device=device)[None].expand(B, k)
+        anc = torch.zeros(B, k, 0, dtype=torch.bool, device=device)  # ancestors among scratch entries
+        eye = torch.eye(k, dtype=torch.bool, device=device)[None].expand(B, k, k)
+        n_cand = k
+        for d in range(2, depth + 1):
+            region = anc.shape[-1]
+            local = torch.cat((anc, eye), dim=-1)  # [B, k, region + k]
+            batch = AttentionBatch.build(slots, head_len, local, write_offset=region)
+            positions = (head_len + d - 2)[:, None].expand(B, k)
+            out = self._head(front_tok, front_feat, positions, batch)  # [B, k, H]
+            lp, ctok = self._log_probs(out)[0].topk(k, dim=-1)  # [B, k, k]
+            ctok = self._to_target(ctok, d2t)
+            scores = (front_score[:, :, None] + lp).flatten(1)  # [B, k*k]
+            cand_tok.append(ctok.flatten(1))
+            cand_score.append(scores)
+            cand_parent.append(front_cand[:, :, None].expand(B, k, k).flatten(1))
+            cand_depth.append(d)
+            front_score, pick = scores.topk(k, dim=-1)  # [B, k]
+            parent_local = pick // k
+            front_tok = ctok.flatten(1).gather(1, pick)
+            front_cand = n_cand + pick
+            front_feat = out.gather(1, parent_local[..., None].expand(B, k, H))
+            anc = local.gather(1, parent_local[..., None].expand(B, k, region + k))
+            n_cand += k * k
+        all_tok = torch.cat(cand_tok, dim=1)  # [B, n_cand]
+        all_parent = torch.cat(cand_parent, dim=1)
+        all_depth = torch.cat([torch.full((B, t.shape[1]), d, device=device)
+                               for t, d in zip(cand_tok, cand_depth)], dim=1)
+        # A child's score never exceeds its parent's (log-probs <= 0); the depth term
+        # breaks ties so a selected node's parent is always selected too.
+        key = torch.cat(cand_score, dim=1).double() - 1e-6 * all_depth.double()
+        trees = []
+        for b, s in enumerate(states):
+            n = min(settings[b].total_tokens - 1, n_cand)
+            sel = key[b].topk(n).indices.sort().values  # depth-major order, rank order within a parent
+            node_of = torch.zeros(n_cand + 1, dtype=torch.long, device=device)  # index n_cand: root
+            node_of[sel] = torch.arange(1, n + 1, device=device)
+            par = all_parent[b, sel]
+            parents = node_of[torch.where(par < 0, torch.full_like(par, n_cand), par)]
+            root = torch.tensor([s.tokens[-1]], device=device)
+            trees.append(DraftTree(torch.cat((root, all_tok[b, sel])),
+                                   torch.cat((torch.tensor([-1], device=device), parents))))
+        return trees
+
+    def _static(self, states: list, last: torch.Tensor, tree) -> list[DraftTree]:
+        """EAGLE-1: node i at depth d takes the rank[i]-th best token after its parent."""
+        device = last.device
+        B, H = last.shape
+        parents, depth, rank = (torch.as_tensor(tree.parents, device=device),
+                                torch.as_tensor(tree.depth, device=device),
+                                torch.as_tensor(tree.rank, device=device))
+        N = parents.shape[0]
+        kmax = int(rank.max().item()) + 1
+        slots = torch.tensor([s.slot for s in states], device=device)
+        head_len = torch.tensor([s.draft.head_len for s in states], device=device)
+        tokens = torch.zeros(B, N, dtype=torch.long, device=device)
+        tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
+        node_out = torch.zeros(B, N, H, dtype=last.dtype, device=device)  # head output after each node
+        logp, d2t = self._log_probs(last)
+        top = self._to_target(logp.topk(kmax, dim=-1).indices, d2t)  # [B, kmax]
+        first = (depth == 1).nonzero().squeeze(1)
+        tokens[:, first] = top[:, rank[first]]
+        entry = torch.full((N,), -1, dtype=torch.long, device=device)  # scratch entry of each node
+        has_child = torch.zeros(N, dtype=torch.bool, device=device)
+        has_child[parents[1:]] = True
+        region = 0
+        anc_rows = torch.zeros(N, 0, dtype=torch.bool, device=device)  # [N, region] scratch ancestors
+        for d in range(1, int(depth.max().item())):
+            nodes = ((depth == d) & has_child).nonzero().squeeze(1)
+            T = nodes.shape[0]
+            feats = torch.where((parents[nodes] == 0)[None, :, None], last[:, None],
+                                node_out[:, parents[nodes].clamp(min=0)])
+            anc = anc_rows[nodes]
+            local = torch.cat((anc, torch.eye(T, dtype=torch.bool, device=device)), dim=-1)
+            batch = AttentionBatch.build(slots, head_len, local[None].expand(B, T, region + T), write_offset=region)
+            positions = (head_len + d - 1)[:, None].expand(B, T)
+            out = self._head(tokens[:, nodes], feats, positions, batch)
+            node_out[:, nodes] = out
+            entry[nodes] = region + torch.arange(T, device=device)
+            region += T
+            # Every node's ancestors among scratch entries: its parent's plus the parent's own entry.
+            anc_rows = torch.cat((anc_rows, torch.zeros(N, T, dtype=torch.bool, device=device)), dim=-1)
+            for i in range(1, N):
+                p = int(parents[i])
+                if p > 0 and entry[p] >= 0:
+                    anc_rows[i] = anc_rows[p]
+                    anc_rows[i, entry[p]] = True
+            top = self._to_target(self._log_probs(out)[0].topk(kmax, dim=-1).indices, d2t)  # [B, T, kmax]
+            children = (depth == d + 1).nonzero().squeeze(1)
+            pos_in_nodes = torch.full((N,), -1, dtype=torch.long, device=device)
+            pos_in_nodes[nodes] = torch.arange(T, device=device)
+            tokens[:, children] = top[:, pos_in_nodes[parents[children]], rank[children]]
+        return [DraftTree(tokens[b], parents.clone()) for b in range(B)]

@@ -1,0 +1,63 @@
+"""Loading every drafter the config names, and the default static trees.
+
+All drafters whose checkpoints the config gives are loaded, not only the default
+method's, so a request can pick any of them (`speculative_method` per request).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import EngineConfig
+from ..errors import ConfigError, InputError
+from ..models.checkpoint import read_config, torch_dtype
+from ..models.eagle import EagleHead
+from ..models.eagle3 import Eagle3Head
+from ..models.llama import LlamaModel
+from ..models.medusa import MedusaHeads
+from .choices import static_tree
+from .draft_model import DraftModelDrafter
+from .eagle import EagleDrafter
+from .medusa import MedusaDrafter
+
+
+@dataclass
+class LoadedDrafters:
+    drafters: dict = field(default_factory=dict)  # method -> drafter
+    trees: dict = field(default_factory=dict)  # "eagle" / "medusa" -> default StaticTree
+    medusa_heads: int = 0
+
+
+def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int) -> LoadedDrafters:
+    dtype, device = torch_dtype(config.dtype), target.lm_head.weight.device
+    out = LoadedDrafters()
+    slots = config.max_batch_size
+    try:
+        if config.eagle_dir:
+            head = EagleHead.from_pretrained(config.eagle_dir, config.base_model_dir, dtype, device)
+            drafter = EagleDrafter(head, target, slots, max_len)
+            out.drafters["eagle"] = out.drafters["eagle2"] = drafter
+            out.trees["eagle"] = _tree(config.eagle_choices, "eagle_choices", 16)
+        if config.eagle3_dir:
+            head3 = Eagle3Head.from_pretrained(config.eagle3_dir, config.base_model_dir, dtype, device)
+            out.drafters["eagle3"] = EagleDrafter(head3, target, slots, max_len)
+        if config.medusa_dir:
+            heads = MedusaHeads.from_pretrained(config.medusa_dir, target.shape.hidden_size,
+                                                target.shape.vocab_size, dtype, device)
+            out.drafters["medusa"] = MedusaDrafter(heads)
+            out.medusa_heads = len(heads)
+            out.trees["medusa"] = _tree(config.medusa_choices, "medusa_choices", len(heads))
+        if config.draft_model_dir:
+            if read_config(config.draft_model_dir).get("vocab_size") != target.shape.vocab_size:
+                raise ConfigError("draft_model_dir: the draft model's vocabulary differs from the base model's")
+            model = LlamaModel.from_pretrained(config.draft_model_dir, dtype, device)
+            out.drafters["draft_model"] = DraftModelDrafter(model, slots, max_len)
+    except (KeyError, ValueError, OSError) as e:
+        raise ConfigError(f"cannot load a drafter: {type(e).__name__}: {e}") from None
+    return out
+
+
+def _tree(spec: str, name: str, max_depth: int):
+    try:
+        return static_tree(spec, top_k=16, max_depth=max_depth)
+    except InputError as e:
+        raise ConfigError(f"parameter {name!r}: {e}") from None
