@@ -183,7 +183,7 @@ class Engine:
         self._apply_cancellations()
         self._admit()
         if self._running:
-            self._decode(self._running)
+            self._decode(list(self._running))  # a copy: finishing requests leave _running
 
     def _apply_cancellations(self) -> None:
         with self._lock:
@@ -312,7 +312,14 @@ class Engine:
             p_idx = torch.tensor(part, device=dev)
             temp, top_k, top_p = sampling_tensors([rows[b] for b in part], dev)
             probs = probabilities(logits[p_idx], temp, top_k, top_p)
-            uniforms = torch.stack([states[b].rng.uniforms(N + 1) for b in part]).to(dev)
+            # Each request draws exactly one uniform per own node plus one for the bonus,
+            # whatever the batch's padding: its random stream never depends on others.
+            uniforms = torch.ones(len(part), N + 1)
+            for j, b in enumerate(part):
+                n = trees[b].num_nodes
+                draws = states[b].rng.uniforms(n + 1)
+                uniforms[j, :n], uniforms[j, N] = draws[:n], draws[n]
+            uniforms = uniforms.to(dev)
             q = None
             if with_q:
                 q = torch.zeros_like(probs)

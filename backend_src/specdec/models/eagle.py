@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..kv_cache import AttentionBatch, KVCache
 from .checkpoint import load_state_dict, load_tensor, read_config
-from .layers import DecoderLayer, LlamaShape, rope_inv_freq, rope_tables
+from .layers import DecoderLayer, LlamaShape, fuse_projections, rope_inv_freq, rope_tables
 
 
 class EagleHead(nn.Module):
@@ -64,7 +64,7 @@ class EagleHead(nn.Module):
         if missing or unexpected:
             raise ConfigError(f"{str(directory)!r} is not an EAGLE-1 head checkpoint "
                               f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-        return head.to(device=device, dtype=dtype).eval()
+        return fuse_projections(head.to(device=device, dtype=dtype).eval())
 
     def save_pretrained(self, directory: str | Path, config: dict, dtype=torch.float16) -> None:
         """Writes `config.json` and `model.safetensors` (without the shared embeddings)."""

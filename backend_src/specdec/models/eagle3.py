@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..kv_cache import AttentionBatch, KVCache
 from .checkpoint import load_state_dict, load_tensor, read_config
-from .layers import MLP, Attention, LlamaShape, RMSNorm, rope_inv_freq, rope_tables
+from .layers import MLP, Attention, LlamaShape, RMSNorm, fuse_projections, rope_inv_freq, rope_tables
 
 
 def eagle3_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -104,7 +104,7 @@ class Eagle3Head(nn.Module):
                               f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
         head = head.to(device=device, dtype=dtype).eval()
         head.d2t, head.t2d = head.d2t.long(), head.t2d.bool()
-        return head
+        return fuse_projections(head)
 
     def save_pretrained(self, directory: str | Path, config: dict, dtype=torch.float16) -> None:
         directory = Path(directory)

@@ -129,6 +129,13 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, shape.hidden_size, bias=False)
+        self.split_sizes = (self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
+        self.qkv: Optional[nn.Linear] = None  # set by fuse(): one matmul instead of three
+
+    def fuse(self) -> None:
+        """Serving only: q/k/v projections as one matmul (fewer kernel launches and
+        Python calls per layer). The separate modules stay for state-dict names."""
+        self.qkv = _fused_linear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: Optional[KVCache] = None, layer: int = 0,
@@ -136,9 +143,13 @@ class Attention(nn.Module):
         """x: [B, T, in]; mask: [B, 1, T, keys] bool. Without a cache the keys are the
         forward's own T tokens; with one they are the slot's first `batch.key_len`."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         if cache is not None:
             cache.write(layer, batch, k, v)
@@ -155,8 +166,36 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+        self.gate_up: Optional[nn.Linear] = None  # set by fuse()
+
+    def fuse(self) -> None:
+        self.gate_up = _fused_linear(self.gate_proj, self.up_proj)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fused_linear(*parts: nn.Linear) -> nn.Linear:
+    """One Linear whose output is the parts' outputs concatenated (weights copied)."""
+    w = torch.cat([p.weight.detach() for p in parts], dim=0)
+    has_bias = parts[0].bias is not None
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
+    fused.weight.data.copy_(w)
+    if has_bias:
+        fused.bias.data.copy_(torch.cat([p.bias.detach() for p in parts]))
+    fused.requires_grad_(False)
+    return fused
+
+
+def fuse_projections(module: nn.Module) -> nn.Module:
+    """Fuses every Attention's q/k/v and every MLP's gate/up under `module` (serving)."""
+    for m in module.modules():
+        if isinstance(m, (Attention, MLP)):
+            m.fuse()
+    return module
 
 
 class DecoderLayer(nn.Module):

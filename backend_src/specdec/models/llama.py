@@ -17,7 +17,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..kv_cache import AttentionBatch, KVCache
 from .checkpoint import load_state_dict, read_config
-from .layers import DecoderLayer, LlamaShape, RMSNorm, rope_inv_freq, rope_tables
+from .layers import DecoderLayer, LlamaShape, RMSNorm, fuse_projections, rope_inv_freq, rope_tables
 
 
 class _Body(nn.Module):
@@ -59,7 +59,7 @@ class LlamaModel(nn.Module):
         if shape.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(shape)
-        return model.to(device=device, dtype=dtype).eval()
+        return fuse_projections(model.to(device=device, dtype=dtype).eval())
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         s = self.shape

@@ -1,0 +1,1 @@
+"""Speculation plans: which draft tokens to propose and how they form a tree."""

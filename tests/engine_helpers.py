@@ -1,0 +1,74 @@
+"""Shared helpers of the engine tests: the shipped family, prompts, engines."""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from specdec.config import EngineConfig
+from specdec.engine import Engine
+from specdec.request import GenerationRequest, SamplingParams, SpecParams
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILY = Path(os.environ.get("SPECDEC_TEST_FAMILY", ROOT / "checkpoints"))
+HUMANEVAL = ROOT.parent / "shared" / "data" / "eagle_humaneval_question.jsonl"
+
+
+def family_paths() -> dict:
+    return dict(base_model_dir=str(FAMILY / "base"), eagle_dir=str(FAMILY / "eagle"),
+                eagle3_dir=str(FAMILY / "eagle3"), medusa_dir=str(FAMILY / "medusa"),
+                draft_model_dir=str(FAMILY / "draft"))
+
+
+def make_engine(**overrides) -> Engine:
+    kw = dict(family_paths(), speculative_method="eagle2", eagle_total_tokens=16, max_seq_len=512,
+              max_batch_size=4)
+    kw.update(overrides)
+    return Engine(EngineConfig(**kw))
+
+
+@lru_cache(maxsize=1)
+def tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(FAMILY / "base"), local_files_only=True)
+
+
+def code_prompts(n: int, max_tokens: int = 160) -> list[list[int]]:
+    """The first `n` HumanEval prompts (code), tokenized, cut to `max_tokens` ids."""
+    out = []
+    for line in HUMANEVAL.read_text().splitlines()[:n]:
+        text = json.loads(line)["turns"][0]
+        text = text.split("\n", 2)[-1] if text.startswith("Complete the code") else text
+        out.append(tokenizer()(text).input_ids[:max_tokens])
+    return out
+
+
+def request(ids: list[int], max_tokens: int, method: str = "none", rid: str = "r", **kw) -> GenerationRequest:
+    spec_keys = {"choices", "depth", "top_k", "total_tokens", "num_draft_tokens"}
+    spec = SpecParams(method=method, **{k: v for k, v in kw.items() if k in spec_keys})
+    sampling_keys = {f for f in SamplingParams.__dataclass_fields__}
+    sampling = SamplingParams(**{k: v for k, v in kw.items() if k in sampling_keys})
+    rest = {k: v for k, v in kw.items() if k not in spec_keys | sampling_keys}
+    return GenerationRequest(request_id=rid, input_ids=ids, max_tokens=max_tokens, sampling=sampling,
+                             spec=spec, **rest)
+
+
+def run_batch(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list[int]]:
+    """Submits all requests at once (in-flight batching) and steps until done."""
+    outs: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    done: set[str] = set()
+
+    def emitter(rid):
+        def emit(o):
+            outs[rid].extend(o.token_ids)
+            if o.finished:
+                assert o.finish_reason != "error", o.error
+                done.add(rid)
+        return emit
+
+    for r in requests:
+        engine.submit(r, emitter(r.request_id))
+    while len(done) < len(requests):
+        engine.step()
+    return outs

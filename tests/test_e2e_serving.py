@@ -1,0 +1,175 @@
+"""End to end through a real tritonserver: the ensemble over HTTP and gRPC, streaming
+text exactness, and every bad input answered with an error naming the field while the
+server stays READY. One server for the module (the `triton` fixture, decoupled mode)."""
+from __future__ import annotations
+
+import json
+import queue
+
+import numpy as np
+import pytest
+import requests
+
+from conftest import E2E_LIMITS
+
+CURL_BODY = {"text_input": "What is ML?", "max_tokens": 50, "bad_words": "", "stop_words": "",
+             "pad_id": 2, "end_id": 2}
+LIMIT = int(E2E_LIMITS["max_tokens_limit"])
+
+
+def generate(server, body: dict):
+    r = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate", json=body, timeout=120)
+    return r.status_code, r.json()
+
+
+def generate_stream(server, body: dict) -> tuple[int, list[dict]]:
+    r = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate_stream", json=body,
+                      timeout=120, stream=True)
+    lines = list(r.iter_lines())
+    events = [json.loads(line[len(b"data: "):]) for line in lines if line.startswith(b"data: ")]
+    if not events and lines:  # refused before streaming began (e.g. a missing input): plain JSON
+        events = [json.loads(b"".join(lines))]
+    return r.status_code, events
+
+
+def assert_healthy(server):
+    assert server.is_ready()
+    status, out = generate(server, {"text_input": "hello", "max_tokens": 3})
+    assert status == 200 and isinstance(out["text_output"], str), out
+
+
+def test_curl_generate(triton):
+    status, out = generate(triton, CURL_BODY)
+    assert status == 200, out
+    assert out["text_output"].startswith("What is ML?")  # exclude_input_in_output defaults to false
+    for key in ("cum_log_probs", "output_log_probs", "acceptance_rate", "total_accepted_draft_tokens",
+                "total_draft_tokens"):
+        assert key in out
+
+
+@pytest.mark.parametrize("exclude", [True, False])
+def test_generate_stream_pieces_concatenate_to_the_generate_text(triton, exclude):
+    body = {"text_input": "The history of the world, in short: é, 日本, 😀.", "max_tokens": 24,
+            "exclude_input_in_output": exclude, "end_id": -1}  # -1: never stop early
+    status, whole = generate(triton, body)
+    assert status == 200, whole
+    status, events = generate_stream(triton, {**body, "stream": True})
+    assert status == 200 and all("error" not in e for e in events), events
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
+
+
+def _grpc_stream(server, requests_inputs):
+    """Sends each request's inputs on one gRPC stream; returns [(texts, error)] per request."""
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    answers = []
+    try:
+        for n, named in enumerate(requests_inputs):
+            inputs = []
+            for name, array in named.items():
+                dtype = "BYTES" if array.dtype == object else {np.int32: "INT32", np.bool_: "BOOL",
+                                                               np.float32: "FP32"}[array.dtype.type]
+                tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            client.async_stream_infer("ensemble", inputs, request_id=str(n), enable_empty_final_response=True)
+            texts, error = [], None
+            while True:
+                result, err = results.get(timeout=120)
+                if err is not None:
+                    error = str(err)
+                    break
+                response = result.get_response()
+                out = result.as_numpy("text_output")
+                if out is not None:
+                    texts.extend(t.decode("utf-8") for t in out.reshape(-1))
+                if response.parameters["triton_final_response"].bool_param:
+                    break
+            answers.append((texts, error))
+    finally:
+        client.stop_stream()
+        client.close()
+    return answers
+
+
+def _inputs(text: str, max_tokens: int, **extra):
+    named = {"text_input": np.array([[text.encode()]], dtype=object),
+             "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+             "stream": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
+    named.update(extra)
+    return named
+
+
+def test_grpc_streaming_and_errors_end_with_the_final_flag(triton):
+    prompt = "Once upon a time"
+    status, whole = generate(triton, {"text_input": prompt, "max_tokens": 16, "exclude_input_in_output": True})
+    assert status == 200
+    answers = _grpc_stream(triton, [
+        _inputs(prompt, 16),
+        _inputs(prompt, 16, temperature=np.array([[-1.0]], np.float32)),  # error mid-stream session
+        _inputs(prompt, 16),
+    ])
+    assert "".join(answers[0][0]) == whole["text_output"] and answers[0][1] is None
+    assert "temperature" in answers[1][1]
+    assert "".join(answers[2][0]) == whole["text_output"]
+
+
+def test_grpc_wrong_datatype_names_the_field(triton):
+    answers = _grpc_stream(triton, [{**_inputs("hi", 4), "max_tokens": np.array([[4.0]], np.float32)}])
+    assert "max_tokens" in answers[0][1]
+    assert_healthy(triton)
+
+
+BAD_BODIES = [
+    ({"text_input": "", "max_tokens": 4}, "text_input"),
+    ({"max_tokens": 4}, "text_input"),
+    ({"text_input": "hi"}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": LIMIT + 1}, "max_tokens"),
+    ({"text_input": "hi " * 400, "max_tokens": 4}, "prompt"),
+    ({"text_input": "hi", "max_tokens": 4, "beam_width": 2}, "beam_width"),
+    ({"text_input": "hi", "max_tokens": 4, "temperature": -0.5}, "temperature"),
+    ({"text_input": "hi", "max_tokens": 4, "top_p": 0.0}, "top_p"),
+    ({"text_input": "hi", "max_tokens": 4, "top_p": 1.5}, "top_p"),
+    ({"text_input": "hi", "max_tokens": 4, "top_k": -1}, "top_k"),
+    ({"text_input": "hi", "max_tokens": 4, "repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"text_input": "hi", "max_tokens": 4, "speculative_method": "magic"}, "speculative_method"),
+]
+
+
+@pytest.mark.parametrize("body,field", BAD_BODIES, ids=[f for _, f in BAD_BODIES])
+def test_bad_input_is_a_400_naming_the_field_and_the_server_stays_ready(triton, body, field):
+    status, out = generate(triton, body)
+    assert status == 400, out
+    assert field in out["error"], out
+    status, events = generate_stream(triton, {**body, "stream": True})  # the stream ends, with the error
+    assert events and field in events[-1].get("error", ""), events
+    assert_healthy(triton)
+
+
+@pytest.mark.parametrize("body", [{"text_input": "hi", "max_tokens": "abc"},
+                                  {"text_input": 7, "max_tokens": 4},
+                                  {"text_input": "hi", "max_tokens": 4, "stream": "yes"}])
+def test_wrong_json_types_are_refused_and_the_server_stays_ready(triton, body):
+    # Triton's generate endpoint refuses these before any model runs; its message does not
+    # name the field (the gRPC path does, see test_grpc_wrong_datatype_names_the_field).
+    status, out = generate(triton, body)
+    assert status >= 400 and "error" in out
+    assert_healthy(triton)
+
+
+def test_genai_perf_request_shape(triton):
+    """GenAI-Perf (kserve, tensorrtllm) sends each input with dims [1], min_length when deterministic."""
+    answers = _grpc_stream(triton, [{**_inputs("Tell me a story", 8), "min_length": np.array([[8]], np.int32)}])
+    assert answers[0][1] is None and answers[0][0]
+
+
+def test_stop_words_and_bad_words_are_accepted(triton):
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 8, "stop_words": "foo,bar",
+                                    "bad_words": ["x", "y,z"], "exclude_input_in_output": True})
+    assert status == 200, out

@@ -1,0 +1,131 @@
+"""Request semantics through the engine, with and without speculation: stop words
+matched across multi-token steps, end_id, min_tokens, max_tokens, bad words,
+penalties, log-probs, cancellation, the queue bound, and a KV cache that never grows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine_helpers import code_prompts, make_engine, request, run_batch
+from specdec.errors import InputError
+
+METHODS = ["none", "eagle2", "eagle3", "medusa", "draft_model", "eagle"]
+N = 48
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return make_engine(dtype="float64", max_queue_size=3)
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return code_prompts(3, max_tokens=64)[2]
+
+
+@pytest.fixture(scope="module")
+def greedy(engine, prompt):
+    return engine.generate(request(prompt, N))[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stop_word_inside_a_multi_token_step(engine, prompt, greedy, method):
+    # A two-token stop word from the middle of the greedy output: speculative steps
+    # usually emit it inside a step, and nothing after it may be returned.
+    at = 20
+    word = greedy[at : at + 2]
+    first = next(i for i in range(len(greedy) - 1) if greedy[i : i + 2] == word)
+    out, _, last = engine.generate(request(prompt, N, method, stop_words=[word]))
+    assert out == greedy[: first + 2]
+    assert last.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_end_id_and_min_tokens(engine, prompt, greedy, method):
+    end = greedy[10]
+    first = greedy.index(end)
+    out, _, last = engine.generate(request(prompt, N, method, end_id=end))
+    assert out == greedy[:first] and last.finish_reason == "end_id"
+    # min_tokens suppresses end_id before it: the output must run past `first`.
+    out, _, _ = engine.generate(request(prompt, N, method, end_id=end, min_tokens=first + 5))
+    assert len(out) >= first + 5 and end not in out[: first + 5]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_max_tokens_exact(engine, prompt, greedy, method):
+    for n in (1, 2, 7):
+        out, _, last = engine.generate(request(prompt, n, method))
+        assert out == greedy[:n] and last.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", ["eagle2", "medusa"])
+def test_bad_words_and_penalties_equal_plain(engine, prompt, greedy, method):
+    banned = [[greedy[5]], greedy[12:14]]
+    for kw in (dict(bad_words=banned[:1]), dict(bad_words=banned), dict(repetition_penalty=1.3), dict(presence_penalty=0.5, frequency_penalty=0.3)):
+        ref = engine.generate(request(prompt, N, "none", **kw))[0]
+        out = engine.generate(request(prompt, N, method, **kw))[0]
+        assert out == ref, kw
+        assert ref != greedy, kw  # the knob changed something
+    out = engine.generate(request(prompt, N, method, bad_words=banned))[0]
+    assert greedy[5] not in out
+
+
+def test_log_probs_are_the_targets(engine, prompt):
+    out, lps, last = engine.generate(request(prompt, 16, "eagle2", return_log_probs=True))
+    ref, ref_lps, _ = engine.generate(request(prompt, 16, "none", return_log_probs=True))
+    assert out == ref and len(lps) == 16
+    assert all(math.isclose(a, b, abs_tol=1e-6) for a, b in zip(lps, ref_lps))
+    assert all(lp <= 0 for lp in lps)
+
+
+def test_cancel_frees_the_slot_within_a_step(engine, prompt):
+    outs = []
+    engine.submit(request(prompt, 400, "eagle2", rid="c"), outs.append)
+    engine.step()
+    engine.cancel("c")
+    engine.step()
+    assert outs[-1].finished and outs[-1].finish_reason == "cancelled"
+    assert engine.slots.available == engine.config.max_batch_size
+
+
+def test_full_queue_is_an_error_not_a_hang(engine, prompt):
+    sink = []
+    for i in range(3):
+        engine.submit(request(prompt, 4, rid=f"q{i}"), sink.append)
+    with pytest.raises(InputError, match="queue is full"):
+        engine.submit(request(prompt, 4, rid="q3"), sink.append)
+    while engine.num_active:
+        engine.step()
+    assert sum(o.finished for o in sink) == 3
+
+
+def test_kv_cache_never_grows(engine, prompt):
+    before = (engine.cache.kv.shape, engine.cache.kv.data_ptr())
+    drafter = engine.drafters["eagle2"]
+    head_before = drafter.cache.kv.data_ptr()
+    run_batch(engine, [request(prompt, 64, m, rid=m) for m in ("eagle2", "medusa", "draft_model")])
+    assert (engine.cache.kv.shape, engine.cache.kv.data_ptr()) == before
+    assert drafter.cache.kv.data_ptr() == head_before
+    assert engine.slots.available == engine.config.max_batch_size
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(method="medusa", choices="{0},{0,0,0}"), "prefix"),
+    (dict(method="medusa", choices="{0},{0,0},{0,0,0},{0,0,0,0},{0,0,0,0,0}"), "depth"),
+    (dict(method="eagle", choices="[[0],[1],[1]]"), "twice"),
+    (dict(method="eagle", choices="{{0},{x}}"), "cannot parse"),
+    (dict(method="eagle2", total_tokens=1000), "eagle_total_tokens"),
+    (dict(method="fancy"), "speculative_method"),
+])
+def test_bad_speculative_settings_are_input_errors(engine, prompt, kw, message):
+    method = kw.pop("method")
+    with pytest.raises(InputError, match=message):
+        engine.submit(request(prompt, 4, method, **kw), lambda o: None)
+
+
+def test_unloaded_method_is_an_input_error(prompt):
+    plain_only = make_engine(speculative_method="none", eagle_dir=None, eagle3_dir=None, medusa_dir=None,
+                             draft_model_dir=None)
+    with pytest.raises(InputError, match="not available"):
+        plain_only.submit(request(prompt, 4, "eagle2"), lambda o: None)
