@@ -9,6 +9,8 @@ End-to-end tests serve `checkpoints/base` when it holds weights, else a tiny ran
 Llama written once per session with the shipped tokenizer (the serving layer's
 behaviour does not depend on what the model says). Environment knobs:
 - `SPECDEC_E2E_BASE`: base checkpoint to serve instead;
+- `SPECDEC_TEST_FAMILY`: the complete family (base + every drafter) that `e2e_family`
+  serves, so requests can pick any `speculative_method` (default `checkpoints/`);
 - `SPECDEC_E2E_PYTHONPATH`: prepended to the server's PYTHONPATH (e.g. a stub engine).
 """
 from __future__ import annotations
@@ -77,16 +79,37 @@ def e2e_skip_reason() -> str | None:
     return None
 
 
+FAMILY = Path(os.environ.get("SPECDEC_TEST_FAMILY", ROOT / "checkpoints"))
+FAMILY_DRAFTERS = {"eagle_dir": "eagle", "eagle3_dir": "eagle3", "medusa_dir": "medusa", "draft_model_dir": "draft"}
+
+
+@pytest.fixture(scope="session")
+def e2e_family() -> Path:
+    """The complete model family for end-to-end tests of every method (skips without one)."""
+    missing = [m for m in ("base", *FAMILY_DRAFTERS.values()) if not (FAMILY / m / "config.json").is_file()]
+    if missing:
+        pytest.skip(f"no complete model family in {FAMILY} (missing {', '.join(missing)}); "
+                    f"set SPECDEC_TEST_FAMILY")
+    return FAMILY
+
+
+def family_drafters(family: Path) -> dict[str, Path]:
+    """`serve_repository(..., drafters=)` for every drafter of `family`."""
+    return {key: family / name for key, name in FAMILY_DRAFTERS.items()}
+
+
 @contextmanager
 def serve_repository(tmp_dir: Path, base: Path, values: dict[str, str] | None = None, *, require_ready: bool = True,
-                     edit=None, extra_args: tuple[str, ...] = ()):
+                     edit=None, extra_args: tuple[str, ...] = (), drafters: dict[str, Path] | None = None,
+                     tokenizer_dir: Path = TOKENIZER_DIR):
     """Builds a repository (method none, decoupled, `E2E_LIMITS` + `values`) into
-    `tmp_dir/repo`, lets `edit(repo_path)` break it if given, serves it, yields the server."""
+    `tmp_dir/repo`, lets `edit(repo_path)` break it if given, serves it, yields the server.
+    `drafters` ({"eagle_dir": path, ...}) replaces the default `checkpoints/` drafters."""
     merged = {**E2E_LIMITS, **(values or {})}
     decoupled = merged.pop("decoupled_mode", "true") == "true"
     repo = build_model_repo.build(tmp_dir / "repo", build_model_repo.repo_values(
-        base, method=merged.pop("speculative_method", "none"), tokenizer_dir=TOKENIZER_DIR,
-        decoupled=decoupled, extra=merged))
+        base, method=merged.pop("speculative_method", "none"), tokenizer_dir=tokenizer_dir,
+        drafters=drafters, decoupled=decoupled, extra=merged))
     if edit is not None:
         edit(repo)
     extra_path = os.environ.get("SPECDEC_E2E_PYTHONPATH")

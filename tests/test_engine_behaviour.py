@@ -8,7 +8,7 @@ import math
 import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
-from specdec.errors import InputError
+from specdec.errors import BusyError, InputError
 
 METHODS = ["none", "eagle2", "eagle3", "medusa", "draft_model", "eagle"]
 N = 48
@@ -93,7 +93,7 @@ def test_full_queue_is_an_error_not_a_hang(engine, prompt):
     sink = []
     for i in range(3):
         engine.submit(request(prompt, 4, rid=f"q{i}"), sink.append)
-    with pytest.raises(InputError, match="queue is full"):
+    with pytest.raises(BusyError, match="queue is full"):
         engine.submit(request(prompt, 4, rid="q3"), sink.append)
     while engine.num_active:
         engine.step()

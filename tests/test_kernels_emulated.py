@@ -10,7 +10,7 @@ behaviour, memory coalescing or NVRTC quirks (tools/check_kernels.sh compiles th
 sources with nvcc; tests/test_kernels_gpu.py runs them for real). Kernels must
 therefore avoid warp intrinsics, or this shim must learn them.
 
-Skipped, with the reason, without a C++20 g++.
+Skipped, with the reason, without g++.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 SENTINEL = -7777
 
 SHIM = r"""
-#include <barrier>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -44,11 +45,29 @@ SHIM = r"""
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 thread_local dim3 threadIdx;
 static dim3 blockIdx, blockDim;
-static std::barrier<>* shim_barrier = nullptr;
 static std::mutex shim_mutex;
 thread_local std::mt19937 shim_rng;
+// A block barrier that gives up after 5 s (threads that disagree on control flow reach
+// different barriers: a hang on a GPU) and then lets every thread run free.
+struct ShimBarrier {
+  std::mutex m;
+  std::condition_variable cv;
+  unsigned count = 0, waiting = 0, generation = 0;
+  bool broken = false;
+  void wait() {
+    std::unique_lock<std::mutex> lock(m);
+    if (broken) return;
+    const unsigned g = generation;
+    if (++waiting == count) { waiting = 0; ++generation; cv.notify_all(); return; }
+    if (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return generation != g || broken; })) {
+      broken = true;
+      cv.notify_all();
+    }
+  }
+};
+static ShimBarrier shim_barrier;
 static inline void shim_jitter() { if (shim_rng() % 4 == 0) std::this_thread::yield(); }
-static inline void __syncthreads() { shim_jitter(); shim_barrier->arrive_and_wait(); shim_jitter(); }
+static inline void __syncthreads() { shim_jitter(); shim_barrier.wait(); shim_jitter(); }
 template <typename T> static inline T atomicMax(T* a, T v) {
   std::lock_guard<std::mutex> lock(shim_mutex); T old = *a; if (v > old) *a = v; return old; }
 template <typename T> static inline T atomicMin(T* a, T v) {
@@ -63,38 +82,43 @@ struct uint4 { unsigned x, y, z, w; };
 #include "verify_greedy.cu"
 #include "verify_sampling.cu"
 #include "kv_compact.cu"
-static void run(unsigned gx, unsigned gy, unsigned threads, const std::function<void()>& body) {
+// Runs the grid; returns 1 when a block's threads did not meet at their barriers.
+static int run(unsigned gx, unsigned gy, unsigned threads, const std::function<void()>& body) {
   blockDim.x = threads;
+  int diverged = 0;
   for (unsigned by = 0; by < gy; ++by)
     for (unsigned bx = 0; bx < gx; ++bx) {
       blockIdx.x = bx; blockIdx.y = by;
-      std::barrier<> bar(threads);
-      shim_barrier = &bar;
+      shim_barrier.count = threads;
+      shim_barrier.waiting = 0;
+      shim_barrier.broken = false;
       std::vector<std::thread> pool;
       for (unsigned t = 0; t < threads; ++t)
         pool.emplace_back([&, t] { threadIdx.x = t; shim_rng.seed(t * 7919 + bx); body(); });
       for (auto& th : pool) th.join();
+      diverged |= shim_barrier.broken;
     }
+  return diverged;
 }
 typedef long long ll;
 extern "C" {
-void emu_build_tree(const ll* par, const ll* num, const ll* pre, bool* mask, ll* pos, ll* dep,
+int emu_build_tree(const ll* par, const ll* num, const ll* pre, bool* mask, ll* pos, ll* dep,
                     ll* fc, ll* ns, int B, int N, int threads) {
-  run(B, 1, threads, [&] { build_tree(par, num, pre, mask, pos, dep, fc, ns, N); });
+  return run(B, 1, threads, [&] { build_tree(par, num, pre, mask, pos, dep, fc, ns, N); });
 }
-void emu_verify_greedy(const ll* cand, const ll* par, const ll* num, const ll* amax, ll* al,
+int emu_verify_greedy(const ll* cand, const ll* par, const ll* num, const ll* amax, ll* al,
                        ll* an, ll* bt, int B, int N, int threads) {
-  run(B, 1, threads, [&] { verify_greedy(cand, par, num, amax, al, an, bt, N); });
+  return run(B, 1, threads, [&] { verify_greedy(cand, par, num, amax, al, an, bt, N); });
 }
-void emu_verify_sampling(const ll* cand, const ll* par, const ll* num, const float* tp,
+int emu_verify_sampling(const ll* cand, const ll* par, const ll* num, const float* tp,
                          const float* dp, const float* u, const float* bu, float* ws, ll* al,
                          ll* an, ll* bt, int B, int N, int V, int has_draft, int threads) {
-  run(B, 1, threads, [&] {
+  return run(B, 1, threads, [&] {
     verify_sampling(cand, par, num, tp, dp, u, bu, ws, al, an, bt, N, V, has_draft); });
 }
-void emu_kv_compact(void* kv, int bytes, const ll* slots, const ll* pre, const ll* an,
+int emu_kv_compact(void* kv, int bytes, const ll* slots, const ll* pre, const ll* an,
                     const ll* al, int L, int B, int S, int H, int T, int D, int N, int threads) {
-  run(2 * L, B, threads, [&] {
+  return run(2 * L, B, threads, [&] {
     if (bytes == 4) kv_compact_f32((unsigned int*)kv, slots, pre, an, al, S, H, T, D, N);
     else kv_compact_bf16((unsigned short*)kv, slots, pre, an, al, S, H, T, D, N);
   });
@@ -110,11 +134,9 @@ def lib(tmp_path_factory):
         pytest.skip("g++ not found: the kernels cannot be emulated on the CPU")
     build = tmp_path_factory.mktemp("kernels_cpu")
     (build / "shim.cpp").write_text(SHIM)
-    cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
+    cmd = [gxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
            f"-I{KERNELS}", "-o", str(build / "libkernels.so"), str(build / "shim.cpp")]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0 and "barrier" in done.stderr:
-        pytest.skip(f"g++ lacks C++20 <barrier>: {done.stderr.strip()[:200]}")
     assert done.returncode == 0, done.stderr
     return ctypes.CDLL(str(build / "libkernels.so"))
 
@@ -160,8 +182,8 @@ def test_build_tree_and_verify_greedy_kernels(lib, batch, nodes, malformed):
     for fill in (True, False):
         mask = torch.full((batch, nodes, nodes), fill)
         ints = [torch.full((batch, nodes), SENTINEL) for _ in range(4)]
-        lib.emu_build_tree(_p(parents), _p(num_nodes), _p(prefix_len), _p(mask),
-                           *map(_p, ints), _i(batch), _i(nodes), _i(threads))
+        assert not lib.emu_build_tree(_p(parents), _p(num_nodes), _p(prefix_len), _p(mask),
+                                      *map(_p, ints), _i(batch), _i(nodes), _i(threads))
         assert torch.equal(mask, want.tree_mask)
         for got, name in zip(ints, ("positions", "depth", "first_child", "next_sibling")):
             assert torch.equal(got, getattr(want, name)), name
@@ -169,9 +191,10 @@ def test_build_tree_and_verify_greedy_kernels(lib, batch, nodes, malformed):
     candidates = torch.from_numpy(rng.integers(0, 2, size=(batch, nodes)))
     target_argmax = torch.from_numpy(rng.integers(0, 2, size=(batch, nodes)))
     got = _result(batch, nodes)
-    lib.emu_verify_greedy(_p(candidates), _p(parents), _p(num_nodes), _p(target_argmax),
-                          _p(got.accept_len), _p(got.accepted_nodes), _p(got.bonus_token),
-                          _i(batch), _i(nodes), _i(threads))
+    assert not lib.emu_verify_greedy(_p(candidates), _p(parents), _p(num_nodes),
+                                     _p(target_argmax), _p(got.accept_len),
+                                     _p(got.accepted_nodes), _p(got.bonus_token), _i(batch),
+                                     _i(nodes), _i(threads))
     _assert_same(got, verify_greedy_torch(candidates, parents, num_nodes, target_argmax),
                  "verify_greedy")
 
@@ -183,12 +206,13 @@ def _emulated_sampling(lib, threads=None):
         got = _result(batch, nodes)
         workspace = torch.full((batch, vocab), float("nan"))
         has_draft = draft_probs is not None
-        lib.emu_verify_sampling(
+        diverged = lib.emu_verify_sampling(
             _p(candidates), _p(parents), _p(num_nodes), _p(target_probs),
             _p(draft_probs if has_draft else target_probs), _p(uniforms), _p(bonus_uniforms),
             _p(workspace), _p(got.accept_len), _p(got.accepted_nodes), _p(got.bonus_token),
             _i(batch), _i(nodes), _i(vocab), _i(int(has_draft)),
             _i(threads or _cupy.pow2_threads_for(vocab, 1024)))
+        assert not diverged, "threads of a block did not meet at their barriers"
         return got
     return run
 
@@ -226,7 +250,8 @@ def test_kv_compact_kernel(lib, dtype, head_dim, misaligned, batch, nodes):
             path.accept_len)
     want = kv.clone()
     kv_compact_torch(want, *args)
-    lib.emu_kv_compact(_p(kv), _i(kv.element_size()), *map(_p, args), _i(layers), _i(batch),
-                       _i(slots), _i(heads), _i(positions), _i(head_dim), _i(nodes),
-                       _i(_cupy.threads_for(heads * head_dim)))
+    assert not lib.emu_kv_compact(_p(kv), _i(kv.element_size()), *map(_p, args), _i(layers),
+                                  _i(batch), _i(slots), _i(heads), _i(positions),
+                                  _i(head_dim), _i(nodes),
+                                  _i(_cupy.threads_for(heads * head_dim)))
     assert torch.equal(kv, want)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 from .config import EngineConfig
-from .errors import ConfigError, InputError, validate_that
+from .errors import BusyError, ConfigError, InputError
 from .kv_cache import AttentionBatch, SlotAllocator
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
@@ -33,7 +34,7 @@ from .ops.kv_compact import kv_compact
 from .ops.tree_mask import build_tree
 from .ops.verify_greedy import verify_greedy
 from .ops.verify_sampling import verify_sampling
-from .policy import SpeculationPolicy
+from .policy import SpeculationPolicy, describe
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
@@ -61,6 +62,7 @@ class RequestState:
     cum_log_prob: float = 0.0
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     draft: object = None  # the drafter's per-request state
+    adaptive: object = None  # the policy's running statistics (policy.AdaptiveState)
     cancelled: bool = False
     finished: bool = False
 
@@ -106,16 +108,18 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self.policy.calibrate(self)
+        self.calibration_note = describe(self.policy)
 
     # -- public API ----------------------------------------------------------------------
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
-        """Validates (raises InputError) and queues; `emit` gets every step's output
-        from the engine thread, the last one with `finished=True`."""
+        """Validates (raises InputError) and queues (raises BusyError when the queue is
+        full); `emit` gets every step's output from the engine thread, the last one with
+        `finished=True`."""
         req.validate(self.vocab_size, self.max_context, self.max_tokens_limit)
         settings = self.policy.resolve(req)  # raises InputError for bad choices / unloaded methods
         with self._lock:
-            validate_that(len(self._waiting) < self.config.max_queue_size,
-                          f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
+            if len(self._waiting) >= self.config.max_queue_size:
+                raise BusyError(f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
             self._waiting.append((req, emit, settings))
             self._lock.notify_all()
 
@@ -251,7 +255,7 @@ class Engine:
     def _decode(self, states: list[RequestState]) -> None:
         B = len(states)
         dev = self.device
-        settings = [self.policy.step_settings(s, B) for s in states]
+        settings = self.policy.plan(states)
         trees: list[Optional[DraftTree]] = [None] * B
         groups: dict[tuple, list[int]] = collections.defaultdict(list)
         for i, (s, st) in enumerate(zip(states, settings)):
@@ -263,9 +267,13 @@ class Engine:
         with torch.inference_mode():
             for idx in groups.values():
                 method = settings[idx[0]].method
+                t0 = time.perf_counter()
                 proposed = self.drafters[method].propose([states[i] for i in idx], [settings[i] for i in idx])
+                self.policy.record_draft_time(method, time.perf_counter() - t0, len(idx))
                 for i, tree in zip(idx, proposed):
                     room = self.max_context - states[i].cached_len
+                    if settings[i].budget is not None:
+                        room = min(room, settings[i].budget)
                     if tree.num_nodes > room:  # topological order: any prefix of nodes is a tree
                         tree = DraftTree(tree.tokens[:room], tree.parents[:room],
                                          None if tree.draft_probs is None else tree.draft_probs[:room])

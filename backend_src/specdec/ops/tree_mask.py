@@ -102,7 +102,7 @@ def tree_links(parents: torch.Tensor, valid: torch.Tensor):
     same &= group_sorted < nodes
     next_sibling = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
     next_sibling.scatter_(1, order, torch.where(same, succ, -1))
-    # A node's parent, when that parent is real, is a parent of a child with lower index.
+    # First child: the lowest index in each parent's group (column N collects the rest).
     first = torch.full((batch, nodes + 1), nodes, dtype=torch.int64, device=device)
     first.scatter_reduce_(1, group, idx, reduce="amin")
     first_child = first[:, :nodes]

@@ -42,6 +42,7 @@ class TreeSettings:
     total_tokens: int = 60  # nodes including the root
     num_draft_tokens: int = 4
     pinned: bool = False  # the request fixed its tree size: adaptive speculation leaves it alone
+    budget: Optional[int] = None  # this step's node limit for a static tree (adaptive speculation)
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""Smoke tests of the benchmark and report tools on the model family, tiny settings:
+`tools/bench.py` (latency, throughput, --compare with the transformers reference,
+JSON export, plot) and `tools/eval_family.py` (report, JSON, model-card section)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import bench
+import eval_family
+from engine_helpers import FAMILY, HUMANEVAL
+
+pytestmark = pytest.mark.skipif(
+    not all((FAMILY / d / "config.json").is_file() for d in ("base", "draft", "eagle", "eagle3", "medusa")),
+    reason=f"the model family at {FAMILY} is incomplete (set SPECDEC_TEST_FAMILY)")
+
+SMALL = ["--num-requests", "2", "--output-tokens", "8", "--warmup", "1", "--no-progress"]
+
+
+def _bench(capsys, *argv) -> tuple[int, str]:
+    code = bench.main(["--family", str(FAMILY), *argv])
+    return code, capsys.readouterr().out
+
+
+def test_latency_on_a_dataset_file(tmp_path, capsys):
+    dataset = tmp_path / "ds.jsonl"
+    dataset.write_text('{"task_id":0,"input_ids":[1,534,292,668],"output_tokens":8}\n'
+                       '{"task_id":1,"input_ids":[1,534,292,668,292,534,292],"output_tokens":6}\n')
+    report = tmp_path / "latency.json"
+    code, out = _bench(capsys, "latency", "--dataset", str(dataset), "--method", "eagle2", "--warmup", "1",
+                       "--no-progress", "--report-json", str(report))
+    assert code == 0
+    for section in ("ENGINE DETAILS", "PERFORMANCE OVERVIEW", "Token Throughput (tokens/sec)",
+                    "P99 request latency (ms)", "Mean acceptance length tau", "Versions"):
+        assert section in out
+    data = json.loads(report.read_text())
+    run = data["runs"][0]
+    assert run["label"] == "eagle2" and run["summary"]["num_requests"] == 2
+    assert [r["output_len"] for r in run["requests"]] == [8, 6]  # EOS ignored: exact lengths
+    assert all(r["latency_ms"] >= r["ttft_ms"] > 0 for r in run["requests"])
+    assert run["summary"]["tau"] >= 1.0
+    assert data["machine"]["torch"] and data["machine"]["date"]
+
+
+def test_throughput_compare_with_transformers(tmp_path, capsys):
+    report, plot = tmp_path / "cmp.json", tmp_path / "cmp.png"
+    code, out = _bench(capsys, "throughput", "--question-set", str(HUMANEVAL), *SMALL, "--max-batch-size", "2",
+                       "--compare", "none,eagle2,hf", "--dtype", "float64", "--adaptive", "off",
+                       "--report-json", str(report), "--plot", str(plot))
+    assert code == 0
+    assert "COMPARISON" in out and "same as none" in out
+    rows = {r["label"]: r for r in json.loads(report.read_text())["comparison"]}
+    assert list(rows) == ["none", "eagle2", "hf"]
+    assert rows["none"]["speedup"] == 1.0
+    assert rows["eagle2"]["same_as_none"]["same"], rows["eagle2"]  # greedy speculation is lossless
+    assert rows["eagle2"]["tau"] > 1.0  # adaptive off: every step drafted something
+    assert plot.is_file() and plot.with_name("cmp_tau.png").is_file()
+
+
+def test_bad_arguments_exit_2(capsys):
+    code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--compare", "none,nope"])
+    assert code == 2 and "unknown configuration 'nope'" in capsys.readouterr().err
+
+
+def test_eval_family_tiny(tmp_path, capsys):
+    card = tmp_path / "MODEL_CARD.md"
+    shutil.copy(eval_family.REPO / "checkpoints" / "MODEL_CARD.md", card)
+    out_md, out_json = tmp_path / "report.md", tmp_path / "report.json"
+    code = eval_family.main(["--family", str(FAMILY), "--out", str(out_md), "--json", str(out_json),
+                             "--model-card", str(card), "--seq-len", "32", "--ppl-windows", "2",
+                             "--code-prompts", "2", "--humaneval-prompts", "1", "--prompt-tokens", "24",
+                             "--new-tokens", "8", "--cache", str(tmp_path / "cache")])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out_json.read_text())
+    assert set(data["perplexity"]["models"]) == {"base", "draft"}
+    rows = {r["method"]: r for r in data["acceptance"]["rows"]}
+    assert list(rows) == ["eagle", "eagle2", "eagle3", "medusa", "draft_model"]
+    for r in rows.values():
+        assert r["tree"] and set(r["sets"]) == {"heldout_code", "humaneval"}
+        assert all(s["tau"] >= 1.0 for s in r["sets"].values())
+    text = out_md.read_text()
+    for part in ("## Models", "Held-out perplexity", "Mean acceptance length", "eagle_default_25", "mc_sim_7b_63",
+                 "python tools/eval_family.py --family"):
+        assert part in text
+    assert "Not measured yet" not in card.read_text() and "Held-out perplexity" in card.read_text()
