@@ -82,3 +82,15 @@ def test_requests_do_not_share_random_state(engine):
     reqs += [request(p, 32, m, rid=f"o{i}", temperature=1.0, seed=i)
              for i, (p, m) in enumerate(zip(prompts[1:], ["eagle2", "draft_model", "none"]))]
     assert run_batch(engine, reqs)["x"] == alone
+
+
+def test_top_k_top_p_over_a_tree_equal_each_node_alone():
+    """probabilities() on [B, N, V] with N > 1 (a tree's nodes): every node filtered as if alone."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    temp, top_k, top_p = torch.tensor([1.0, 0.7, 1.3]), torch.tensor([0, 4, 2]), torch.tensor([0.8, 1.0, 0.5])
+    probs = probabilities(logits, temp, top_k, top_p)
+    for b in range(3):
+        for n in range(5):
+            alone = probabilities(logits[b:b + 1, n:n + 1], temp[b:b + 1], top_k[b:b + 1], top_p[b:b + 1])
+            torch.testing.assert_close(probs[b, n], alone[0, 0])

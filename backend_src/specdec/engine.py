@@ -31,7 +31,7 @@ from .models.eagle3 import eagle3_feature_layers
 from .models.layers import causal_mask
 from .models.llama import LlamaModel
 from .ops.kv_compact import kv_compact
-from .ops.tree_mask import build_tree
+from .ops.tree_mask import TreeBuffers, build_tree
 from .ops.verify_greedy import verify_greedy
 from .ops.verify_sampling import verify_sampling
 from .policy import SpeculationPolicy, describe
@@ -292,7 +292,12 @@ class Engine:
         num_nodes = torch.tensor([t.num_nodes for t in trees], device=dev)
         prefix = torch.tensor([s.cached_len for s in states], device=dev)
         slots = torch.tensor([s.slot for s in states], device=dev)
-        tb = build_tree(parents, num_nodes, prefix)
+        if N == 1:  # plain decoding for the whole batch: no tree to build, verify or compact
+            tb = TreeBuffers(tree_mask=torch.ones(B, 1, 1, dtype=torch.bool, device=dev), positions=prefix[:, None],
+                             depth=torch.zeros(B, 1, dtype=torch.long, device=dev), first_child=None,
+                             next_sibling=None)
+        else:
+            tb = build_tree(parents, num_nodes, prefix)
         batch = AttentionBatch.build(slots, prefix, tb.tree_mask)
         need_aux = any(self.drafters.get(st.method) is not None and self.drafters[st.method].needs_aux
                        for st in (s.settings for s in states))
@@ -308,8 +313,12 @@ class Engine:
         sampled = [b for b, s in enumerate(states) if not s.req.sampling.greedy]
         if greedy:
             g = torch.tensor(greedy, device=dev)
-            r = verify_greedy(cand[g], parents[g], num_nodes[g], logits[g].argmax(-1))
-            accept_len[g], accepted[g], bonus[g] = r.accept_len, r.accepted_nodes, r.bonus_token
+            argmax = logits[g].argmax(-1)
+            if N == 1:
+                accepted[g, 0], bonus[g] = 0, argmax[:, 0]
+            else:
+                r = verify_greedy(cand[g], parents[g], num_nodes[g], argmax)
+                accept_len[g], accepted[g], bonus[g] = r.accept_len, r.accepted_nodes, r.bonus_token
             log_dist[g] = torch.log_softmax(logits[g], -1)
         # Requests whose drafter sampled its proposals pass draft_probs; the others were
         # proposed deterministically (top-k), which verification treats as one-hot.
@@ -337,7 +346,8 @@ class Engine:
                                 uniforms[:, :N].contiguous(), uniforms[:, N].contiguous())
             accept_len[p_idx], accepted[p_idx], bonus[p_idx] = r.accept_len, r.accepted_nodes, r.bonus_token
             log_dist[p_idx] = torch.log(probs)
-        kv_compact(self.cache.kv, slots, prefix, accepted, accept_len)
+        if N > 1:
+            kv_compact(self.cache.kv, slots, prefix, accepted, accept_len)
 
         # Host sync: the accepted tokens are needed on the host to be emitted.
         accept_host = accept_len.tolist()

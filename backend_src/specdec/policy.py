@@ -86,8 +86,12 @@ class SpeculationPolicy:
         validate_that(total <= MAX_TREE, f"eagle_total_tokens must be <= {MAX_TREE}, got {total}")
         n_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else self.config.num_draft_tokens
         validate_that(n_draft <= MAX_DEPTH * 2, f"num_draft_tokens must be <= {MAX_DEPTH * 2}, got {n_draft}")
+        # A seeded sampled request keeps one tree for its lifetime: which uniforms decide
+        # which token depends on the tree, so only a fixed tree repeats its output exactly.
+        # (Greedy output never depends on the tree.)
+        seeded = req.sampling.seed is not None and not req.sampling.greedy
         pinned = (spec.total_tokens is not None or spec.choices is not None or spec.num_draft_tokens is not None
-                  or not self.config.adaptive_speculation)
+                  or seeded or not self.config.adaptive_speculation)
         return TreeSettings(method=method, choices=choices, depth=depth, top_k=top_k, total_tokens=total,
                             num_draft_tokens=n_draft, pinned=pinned)
 
@@ -160,7 +164,8 @@ class SpeculationPolicy:
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
-        cost = self.forward_seconds(sum(budgets))
+        # The verify forward pads every request's tree to the largest one.
+        cost = self.forward_seconds(len(budgets) * max(budgets))
         cost += sum(self.draft_cost.get(s.settings.method, 0.0) for s, n in zip(states, budgets) if n > 1)
         return tokens / cost
 

@@ -92,7 +92,7 @@ def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
         probs_sorted = torch.softmax(sorted_logits.masked_fill(drop, NEG_INF), dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
         before = probs_sorted.cumsum(-1) - probs_sorted
-        drop |= before >= top_p[:, None, None]
+        drop = drop | (before >= top_p[:, None, None])  # not |=: drop is [B, 1, V] until here
         sorted_logits = sorted_logits.masked_fill(drop, NEG_INF)
         scaled = torch.full_like(scaled, NEG_INF).scatter(-1, order, sorted_logits)
     return torch.softmax(scaled, dim=-1)

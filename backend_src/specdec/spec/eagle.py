@@ -49,6 +49,7 @@ class EagleDrafter:
         self.eagle3 = isinstance(head, Eagle3Head)
         self.needs_aux = self.eagle3
         self.cache = head.new_cache(num_slots, max_seq_len + SCRATCH)
+        self._plans: dict = {}  # static tree -> _StaticPlan
 
     # -- state ---------------------------------------------------------------------------
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
@@ -176,48 +177,91 @@ class EagleDrafter:
         """EAGLE-1: node i at depth d takes the rank[i]-th best token after its parent."""
         device = last.device
         B, H = last.shape
-        parents, depth, rank = (torch.as_tensor(tree.parents, device=device),
-                                torch.as_tensor(tree.depth, device=device),
-                                torch.as_tensor(tree.rank, device=device))
-        N = parents.shape[0]
-        kmax = int(rank.max().item()) + 1
+        plan = self._plan_for(tree, device)
         slots = torch.tensor([s.slot for s in states], device=device)
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
-        tokens = torch.zeros(B, N, dtype=torch.long, device=device)
+        tokens = torch.zeros(B, plan.num_nodes, dtype=torch.long, device=device)
         tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
-        node_out = torch.zeros(B, N, H, dtype=last.dtype, device=device)  # head output after each node
+        node_out = torch.zeros(B, plan.num_nodes, H, dtype=last.dtype, device=device)  # head output per node
         logp, d2t = self._log_probs(last)
-        top = self._to_target(logp.topk(kmax, dim=-1).indices, d2t)  # [B, kmax]
-        first = (depth == 1).nonzero().squeeze(1)
-        tokens[:, first] = top[:, rank[first]]
-        entry = torch.full((N,), -1, dtype=torch.long, device=device)  # scratch entry of each node
-        has_child = torch.zeros(N, dtype=torch.bool, device=device)
-        has_child[parents[1:]] = True
-        region = 0
-        anc_rows = torch.zeros(N, 0, dtype=torch.bool, device=device)  # [N, region] scratch ancestors
-        for d in range(1, int(depth.max().item())):
-            nodes = ((depth == d) & has_child).nonzero().squeeze(1)
-            T = nodes.shape[0]
-            feats = torch.where((parents[nodes] == 0)[None, :, None], last[:, None],
-                                node_out[:, parents[nodes].clamp(min=0)])
-            anc = anc_rows[nodes]
-            local = torch.cat((anc, torch.eye(T, dtype=torch.bool, device=device)), dim=-1)
-            batch = AttentionBatch.build(slots, head_len, local[None].expand(B, T, region + T), write_offset=region)
-            positions = (head_len + d - 1)[:, None].expand(B, T)
-            out = self._head(tokens[:, nodes], feats, positions, batch)
-            node_out[:, nodes] = out
-            entry[nodes] = region + torch.arange(T, device=device)
+        top = self._to_target(logp.topk(plan.kmax, dim=-1).indices, d2t)  # [B, kmax]
+        tokens[:, plan.first] = top[:, plan.first_rank]
+        for lv in plan.levels:
+            T = lv.nodes.shape[0]
+            feats = torch.where(lv.from_root[None, :, None], last[:, None], node_out[:, lv.parents])
+            batch = AttentionBatch.build(slots, head_len, lv.local[None].expand(B, T, lv.local.shape[1]),
+                                         write_offset=lv.local.shape[1] - T)
+            positions = (head_len + lv.depth - 1)[:, None].expand(B, T)
+            out = self._head(tokens[:, lv.nodes], feats, positions, batch)
+            node_out[:, lv.nodes] = out
+            top = self._to_target(self._log_probs(out)[0].topk(plan.kmax, dim=-1).indices, d2t)  # [B, T, kmax]
+            tokens[:, lv.children] = top[:, lv.child_parent_pos, lv.child_rank]
+        return [DraftTree(tokens[b], plan.parents) for b in range(B)]
+
+    def _plan_for(self, tree, device) -> "_StaticPlan":
+        key = (id(tree), str(device))
+        if key not in self._plans:
+            self._plans[key] = _StaticPlan.build(tree, device)
+        return self._plans[key]
+
+
+@dataclass
+class _Level:
+    """One head forward of a static tree: the depth-d nodes that have children."""
+
+    depth: int
+    nodes: torch.Tensor  # [T] node indices forwarded
+    parents: torch.Tensor  # [T] their parents (0 = root)
+    from_root: torch.Tensor  # [T] bool: the parent is the root (feature = catch-up output)
+    local: torch.Tensor  # [T, R + T] bool: scratch entries visible to each (ancestors, self)
+    children: torch.Tensor  # [C] nodes at depth d + 1
+    child_parent_pos: torch.Tensor  # [C] index of each child's parent within `nodes`
+    child_rank: torch.Tensor  # [C] top-k rank of each child
+
+
+@dataclass
+class _StaticPlan:
+    """A static tree turned once into per-depth head forwards (cached per tree)."""
+
+    num_nodes: int
+    kmax: int
+    parents: torch.Tensor  # [N]
+    first: torch.Tensor  # depth-1 nodes
+    first_rank: torch.Tensor
+    levels: list
+
+    @staticmethod
+    def build(tree, device) -> "_StaticPlan":
+        parents = [int(p) for p in torch.as_tensor(tree.parents).tolist()]
+        depth = [int(d) for d in torch.as_tensor(tree.depth).tolist()]
+        rank = [int(r) for r in torch.as_tensor(tree.rank).tolist()]
+        N = len(parents)
+        has_child = [False] * N
+        for p in parents[1:]:
+            has_child[p] = True
+        entry = [-1] * N  # scratch entry written for each forwarded node
+        levels, region = [], 0
+        as_t = lambda xs, dt=torch.long: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
+        for d in range(1, max(depth)):
+            nodes = [i for i in range(N) if depth[i] == d and has_child[i]]
+            T = len(nodes)
+            local = torch.zeros(T, region + T, dtype=torch.bool)
+            for j, n in enumerate(nodes):
+                a = parents[n]
+                while a > 0:  # the root has no scratch entry: its pair is in the prefix
+                    local[j, entry[a]] = True
+                    a = parents[a]
+                local[j, region + j] = True
+            for j, n in enumerate(nodes):
+                entry[n] = region + j
             region += T
-            # Every node's ancestors among scratch entries: its parent's plus the parent's own entry.
-            anc_rows = torch.cat((anc_rows, torch.zeros(N, T, dtype=torch.bool, device=device)), dim=-1)
-            for i in range(1, N):
-                p = int(parents[i])
-                if p > 0 and entry[p] >= 0:
-                    anc_rows[i] = anc_rows[p]
-                    anc_rows[i, entry[p]] = True
-            top = self._to_target(self._log_probs(out)[0].topk(kmax, dim=-1).indices, d2t)  # [B, T, kmax]
-            children = (depth == d + 1).nonzero().squeeze(1)
-            pos_in_nodes = torch.full((N,), -1, dtype=torch.long, device=device)
-            pos_in_nodes[nodes] = torch.arange(T, device=device)
-            tokens[:, children] = top[:, pos_in_nodes[parents[children]], rank[children]]
-        return [DraftTree(tokens[b], parents.clone()) for b in range(B)]
+            children = [i for i in range(N) if depth[i] == d + 1]
+            pos = {n: j for j, n in enumerate(nodes)}
+            levels.append(_Level(depth=d, nodes=as_t(nodes), parents=as_t([parents[n] for n in nodes]),
+                                 from_root=as_t([parents[n] == 0 for n in nodes], torch.bool),
+                                 local=local.to(device), children=as_t(children),
+                                 child_parent_pos=as_t([pos[parents[c]] for c in children]),
+                                 child_rank=as_t([rank[c] for c in children])))
+        first = [i for i in range(N) if depth[i] == 1]
+        return _StaticPlan(num_nodes=N, kmax=max(rank) + 1, parents=as_t(parents), first=as_t(first),
+                           first_rank=as_t([rank[i] for i in first]), levels=levels)

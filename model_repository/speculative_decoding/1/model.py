@@ -9,7 +9,12 @@ responses, errors → Triton errors, client cancellation → `Engine.cancel`.
   the last one carries the final flag — also when the request fails or is cancelled.
 - Not decoupled: `execute` submits every request of the batch, then blocks until
   all of them finished, and returns one response each.
-`InputError` → INVALID_ARG (HTTP 400); the model stays READY.
+`InputError` → INVALID_ARG (HTTP 400), `BusyError` (engine queue full) → UNAVAILABLE
+(HTTP 503); the model stays READY.
+- Metrics: the engine's per-method counters become Triton custom metrics on the
+  metrics port (`specdec.metrics`: names, labels, increments since the last export),
+  exported from the engine thread on emission, at most once a second and on every
+  request's final output.
 """
 from __future__ import annotations
 
@@ -32,9 +37,10 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.config import EngineConfig
 from specdec.engine import Engine
-from specdec.errors import InputError
+from specdec.errors import BusyError, InputError
+from specdec.metrics import COUNTERS, CounterExport, metric_labels
 from specdec.model_config import flag, is_decoupled, string_params
-from specdec.request import StepOutput
+from specdec.request import METHODS, StepOutput
 from specdec.serving import ResponseBuilder, build_request
 
 ADAPTER_PARAMS = ("exclude_input_in_output",)
@@ -42,9 +48,11 @@ CANCEL_POLL_S = 0.2
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _error(message: str, invalid_arg: bool = True):
-    code = getattr(pb_utils.TritonError, "INVALID_ARG" if invalid_arg else "INTERNAL", None)
-    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+def _error(message: str, code: str = "INVALID_ARG"):
+    """A TritonError with `code` (INVALID_ARG, INTERNAL, UNAVAILABLE), or a plain one where
+    the Python backend has no error codes."""
+    value = getattr(pb_utils.TritonError, code, None)
+    return pb_utils.TritonError(message, value) if value is not None else pb_utils.TritonError(message)
 
 
 def _response(arrays: dict[str, np.ndarray]):
@@ -70,6 +78,16 @@ class TritonPythonModel:
         self.exclude_input_default = flag(config, "exclude_input_in_output", False)
         params = {k: v for k, v in string_params(config).items() if k not in ADAPTER_PARAMS}
         self.engine = Engine(EngineConfig.from_params(params))  # ConfigError fails the load
+        self._export = CounterExport()
+        self._export.skip(self.engine.metrics)  # load-time calibration is not traffic
+        self._families = {spec.field: pb_utils.MetricFamily(name=spec.name, description=spec.description,
+                                                             kind=pb_utils.MetricFamily.COUNTER)
+                          for spec in COUNTERS}
+        self._labels = (args["model_name"], args["model_version"])
+        self._counters: dict[tuple[str, str], object] = {}
+        for spec in COUNTERS:  # every (counter, method) exists from the start: rates begin at zero
+            for method in METHODS:
+                self._counter(spec.field, method)
         self.engine.start()
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -110,19 +128,22 @@ class TritonPythonModel:
             self.engine.submit(gen, lambda step: self._emit(request_id, step))
         except InputError as e:
             self._fail(request_id, pending, _error(str(e)))
-        except Exception as e:  # the engine refused for another reason (queue full, ...)
-            self._fail(request_id, pending, _error(f"request failed: {e}", invalid_arg=False))
+        except BusyError as e:
+            self._fail(request_id, pending, _error(str(e), "UNAVAILABLE"))
+        except Exception as e:  # the engine refused for another reason
+            self._fail(request_id, pending, _error(f"request failed: {e}", "INTERNAL"))
         return pending
 
     def _emit(self, request_id: str, step: StepOutput) -> None:
         """Called from the engine thread; must never raise into it."""
+        self._export_metrics(step.finished)
         with self._lock:
             pending = self._pending.get(request_id)
         if pending is None:  # already answered (failed or closed)
             return
         try:
             if step.error is not None or step.finish_reason == "error":
-                self._fail(request_id, pending, _error(step.error or "generation failed", invalid_arg=False))
+                self._fail(request_id, pending, _error(step.error or "generation failed", "INTERNAL"))
                 return
             arrays = pending.builder.add(step)
             if arrays is None or (step.finished and not self._close(request_id, pending)):
@@ -136,7 +157,22 @@ class TritonPythonModel:
             self.logger.log_error(f"speculative_decoding: request {request_id}: {e!r}")
             if not step.finished:
                 self.engine.cancel(request_id)  # nobody will read the rest
-            self._fail(request_id, pending, _error(f"internal error: {e}", invalid_arg=False), force=True)
+            self._fail(request_id, pending, _error(f"internal error: {e}", "INTERNAL"), force=True)
+
+    def _export_metrics(self, final: bool) -> None:
+        if not self._export.due(final):
+            return
+        try:
+            for inc in self._export.increments(self.engine.metrics):
+                self._counter(inc.spec.field, inc.method).increment(inc.value)
+        except Exception as e:  # metrics must never fail a request
+            self.logger.log_warn(f"speculative_decoding: exporting metrics: {e!r}")
+
+    def _counter(self, field: str, method: str):
+        key = (field, method)
+        if key not in self._counters:
+            self._counters[key] = self._families[field].Metric(labels=metric_labels(*self._labels, method))
+        return self._counters[key]
 
     def _close(self, request_id: str, pending: _Pending) -> bool:
         """Marks the request answered; False when it already was."""
@@ -188,4 +224,6 @@ class TritonPythonModel:
         with self._lock:
             left = list(self._pending.items())
         for request_id, pending in left:
-            self._fail(request_id, pending, _error("the model is shutting down", invalid_arg=False))
+            self._fail(request_id, pending, _error("the model is shutting down", "INTERNAL"))
+        self._counters.clear()  # Triton requires metrics to go before their families
+        self._families.clear()

@@ -1,0 +1,60 @@
+"""Smoke test of tools/bench_concurrency.py on the model family with tiny settings (the
+in-process engine, its loop thread, client threads), and its argument checks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench_concurrency as bc
+from engine_helpers import FAMILY, HUMANEVAL
+
+needs_family = pytest.mark.skipif(not all((FAMILY / d / "config.json").is_file() for d in ("base", "eagle")),
+                                  reason=f"no base + eagle checkpoints in {FAMILY} (set SPECDEC_TEST_FAMILY)")
+
+
+@needs_family
+def test_side_by_side_table_report_and_plots(tmp_path, capsys):
+    report = tmp_path / "conc.json"
+    code = bc.main(["--family", str(FAMILY), "--question-set", str(HUMANEVAL), "--concurrency", "2,1",
+                    "--num-requests", "3", "--output-tokens", "5", "--warmup", "1", "--eagle-total-tokens", "8",
+                    "--report-json", str(report)])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "plain tok/s" in table and "eagle2-fixed/plain" in table
+    data = json.loads(report.read_text())
+    points = data["points"]
+    assert [(p["config"], p["concurrency"]) for p in points] == [
+        (c, n) for n in (1, 2) for c in ("plain", "eagle2", "eagle2-fixed")]
+    for p in points:
+        assert p["requests"] == 3 and p["output_tokens"] == 15  # every request generates exactly 5
+        assert p["tokens_per_s"] > 0 and p["latency_p50_s"] <= p["latency_p90_s"]
+        assert len(p["latencies_s"]) == 3
+    by = {(p["config"], p["concurrency"]): p for p in points}
+    assert by[("plain", 1)]["tau"] == 1.0 and by[("plain", 1)]["acceptance_rate"] == 0.0
+    assert by[("eagle2-fixed", 1)]["tau"] >= 1.0
+    assert data["setup"]["eagle_total_tokens"] == 8
+    for path in data["plots"]:
+        assert (tmp_path / path.split("/")[-1]).stat().st_size > 0
+    assert (tmp_path / "conc.png").exists() and (tmp_path / "conc_latency.png").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--configs", "plain,magic"], "unknown configuration 'magic'"),
+    (["--configs", "medusa-fixed"], "only eagle2, eagle3 can be fixed"),
+    (["--configs", "plain,plain"], "twice"),
+    (["--concurrency", "0,2"], "--concurrency must be >= 1"),
+    (["--concurrency", "a"], "integers"),
+    (["--url", "localhost:1", "--configs", "eagle2-fixed"], "needs --eagle-total-tokens"),
+])
+def test_bad_arguments_are_one_clear_error(argv, message, capsys):
+    assert bc.main(["--family", str(FAMILY), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_percentile_and_summary():
+    assert bc.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert bc.percentile([1.0, 2.0], 90) == pytest.approx(1.9)
+    point = bc.summarize("x", 2, [bc.Sample(1.0, 0.1, 10, 8, 4, 6, 9), bc.Sample(3.0, 0.3, 10, 0, 0, 1, 1)], 2.0)
+    assert point.tokens_per_s == 10.0 and point.latency_avg_s == 2.0
+    assert point.tau == pytest.approx(10 / 7) and point.acceptance_rate == 0.5

@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""Throughput and latency against client concurrency: plain decoding vs EAGLE-2 with
+adaptive speculation on and off, measured side by side in one run.
+
+    python tools/bench_concurrency.py --family checkpoints --report-json conc.json --plot conc.png
+    python tools/bench_concurrency.py --concurrency 1,4 --num-requests 8 --output-tokens 16   # a quick look
+    python tools/bench_concurrency.py --url localhost:8001 --eagle-total-tokens 16             # a running server
+
+Owns closed-loop load generation: at concurrency C, C client threads take requests
+from one shared list and submit them back to back (each waits for its request's last
+token before sending the next), `--num-requests` per concurrency level, so every level
+and configuration generates the same tokens from the same prompts: the first turns of
+an EAGLE question set (HumanEval by default), tokenized by the family's tokenizer and
+cut to `--max-prompt-tokens`, each generating exactly `--output-tokens` (no end token).
+Levels run in increasing order; within a level the configurations take turns, so a
+drifting machine does not favour one of them.
+
+Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: the
+engine as served, adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
+speculation off for those requests. In-process, one engine (`Engine.start()`, its
+loop thread) serves every configuration; "-fixed" requests pin `total_tokens` to the
+engine's tree size, which the policy treats exactly as `adaptive_speculation: false`
+(a pinned request always verifies its full tree). With `--url` the requests go over
+gRPC streams to a running tritonserver's `speculative_decoding` model (token ids in and
+out, so counts are exact); "-fixed" then needs the server's `--eagle-total-tokens`.
+
+Per (configuration, concurrency): output tokens/s = output tokens / wall time of the
+level (first submit → last token); request latency = submit → last token (avg, p50,
+p90); TTFT = submit → first token; τ = emitted tokens / verify steps and acceptance
+rate = accepted / drafted, summed over the level's requests. Prints a table, writes
+`--report-json` and PNGs (`--plot`: throughput; `<plot>_latency.png`: p50 latency).
+Not owned here: datasets (tools/dataset_converter.py), drawing (tools/plots.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "backend_src"))
+sys.path.insert(0, str(REPO / "tools"))
+
+from dataset_converter import DatasetError, first_turns, read_question_set  # noqa: E402
+
+HUMANEVAL = REPO.parent / "shared" / "data" / "eagle_humaneval_question.jsonl"
+DEFAULT_CONFIGS = "plain,eagle2,eagle2-fixed"
+FIXABLE = ("eagle2", "eagle3")  # methods whose tree size a request can pin
+DRAFTER_DIRS = {"eagle": ("eagle_dir", "eagle"), "eagle2": ("eagle_dir", "eagle"), "eagle3": ("eagle3_dir", "eagle3"),
+                "medusa": ("medusa_dir", "medusa"), "draft_model": ("draft_model_dir", "draft")}
+
+
+class BenchError(RuntimeError):
+    """A benchmark that cannot run as asked."""
+
+
+def _validate_that(cond: bool, msg: str) -> None:
+    if not cond:
+        raise BenchError(msg)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    label: str  # as given on the command line
+    method: str  # the engine's speculative_method
+    fixed: bool  # adaptive speculation off for these requests
+
+
+def parse_configs(text: str) -> list[BenchConfig]:
+    from specdec.request import METHODS
+
+    out = []
+    for label in (s.strip() for s in text.split(",") if s.strip()):
+        base, fixed = (label[: -len("-fixed")], True) if label.endswith("-fixed") else (label, False)
+        method = "none" if base == "plain" else base
+        _validate_that(method in METHODS, f"--configs: unknown configuration {label!r} "
+                                          f"(plain, {', '.join(m for m in METHODS if m != 'none')}, <method>-fixed)")
+        _validate_that(not fixed or method in FIXABLE, f"--configs: {label!r}: only {', '.join(FIXABLE)} "
+                                                       f"can be fixed")
+        out.append(BenchConfig(label, method, fixed))
+    _validate_that(len(out) > 0, "--configs is empty")
+    _validate_that(len({c.label for c in out}) == len(out), "--configs names a configuration twice")
+    return out
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise BenchError(f"--concurrency must be integers separated by commas, got {text!r}") from None
+    _validate_that(len(levels) > 0 and levels[0] >= 1, f"--concurrency must be >= 1, got {text!r}")
+    return levels
+
+
+def load_prompts(question_set: Path, tokenizer, max_tokens: int) -> list[list[int]]:
+    try:
+        texts = first_turns(read_question_set(question_set))
+    except DatasetError as e:
+        raise BenchError(str(e)) from None
+    _validate_that(len(texts) > 0, f"{question_set}: no questions")
+    return [tokenizer.encode(t)[:max_tokens] for t in texts]
+
+
+# ---------------------------------------------------------------- one request
+
+
+@dataclass
+class Sample:
+    """One request as its client saw it."""
+
+    latency_s: float
+    ttft_s: float
+    output_tokens: int
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    emitted: int = 0
+
+
+Runner = Callable[[BenchConfig, list[int], str], Sample]  # blocking: submit, wait for the last token
+
+
+class InProcess:
+    """The engine in this process, its loop in its own thread."""
+
+    def __init__(self, engine, output_tokens: int):
+        self.engine = engine
+        self.output_tokens = output_tokens
+
+    def __call__(self, config: BenchConfig, ids: list[int], request_id: str) -> Sample:
+        from specdec.request import GenerationRequest, SpecParams
+
+        total = self.engine.policy.total_tokens if config.fixed else None
+        req = GenerationRequest(request_id=request_id, input_ids=ids, max_tokens=self.output_tokens,
+                                spec=SpecParams(method=config.method, total_tokens=total))
+        done, first, last, count = threading.Event(), [], [], [0]
+
+        def emit(out):
+            now = time.perf_counter()
+            if out.token_ids and not first:
+                first.append(now)
+            count[0] += len(out.token_ids)
+            if out.finished:
+                last.append(out)
+                done.set()
+
+        t0 = time.perf_counter()
+        self.engine.submit(req, emit)
+        done.wait()
+        end = time.perf_counter()
+        out = last[0]
+        _validate_that(out.finish_reason == "length", f"{config.label}: request {request_id} ended with "
+                                                      f"{out.finish_reason}: {out.error}")
+        st = out.stats
+        return Sample(end - t0, (first[0] if first else end) - t0, count[0], st.total_draft_tokens,
+                      st.total_accepted_draft_tokens, st.target_forwards, st.emitted_tokens)
+
+
+class OverGrpc:
+    """A running tritonserver's `speculative_decoding` model, one gRPC stream per client thread."""
+
+    def __init__(self, url: str, model: str, output_tokens: int, fixed_total_tokens: int, timeout_s: float):
+        import tritonclient.grpc  # noqa: F401  (fail early when the client is missing)
+
+        self.url, self.model, self.output_tokens = url, model, output_tokens
+        self.fixed_total_tokens, self.timeout_s = fixed_total_tokens, timeout_s
+        self._local = threading.local()
+
+    def _stream(self):
+        if not hasattr(self._local, "client"):
+            import tritonclient.grpc as grpcclient
+
+            results: queue.Queue = queue.Queue()
+            client = grpcclient.InferenceServerClient(self.url)
+            client.start_stream(callback=lambda result, error: results.put((time.perf_counter(), result, error)))
+            self._local.client, self._local.results = client, results
+        return self._local.client, self._local.results
+
+    def close(self) -> None:
+        if hasattr(self._local, "client"):
+            self._local.client.stop_stream()
+            self._local.client.close()
+
+    def _inputs(self, config: BenchConfig, ids: list[int]):
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        named = {"input_ids": (np.array([ids], np.int32), "INT32"),
+                 "input_lengths": (np.array([[len(ids)]], np.int32), "INT32"),
+                 "request_output_len": (np.array([[self.output_tokens]], np.int32), "INT32"),
+                 "streaming": (np.array([[True]]), "BOOL"),
+                 "exclude_input_in_output": (np.array([[True]]), "BOOL"),
+                 "return_perf_metrics": (np.array([[True]]), "BOOL"),
+                 "speculative_method": (np.array([[config.method.encode()]], dtype=object), "BYTES")}
+        if config.fixed:
+            named["eagle_total_tokens"] = (np.array([[self.fixed_total_tokens]], np.int32), "INT32")
+        inputs = []
+        for name, (array, dtype) in named.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    def __call__(self, config: BenchConfig, ids: list[int], request_id: str) -> Sample:
+        client, results = self._stream()
+        t0 = time.perf_counter()
+        client.async_stream_infer(self.model, self._inputs(config, ids), request_id=request_id,
+                                  enable_empty_final_response=True)
+        first, count, perf = None, 0, {}
+        while True:
+            now, result, error = results.get(timeout=self.timeout_s)
+            _validate_that(error is None, f"{config.label}: request {request_id}: {error}")
+            tokens = result.as_numpy("output_ids")
+            if tokens is not None and tokens.size:
+                first = first or now
+                count += tokens.size
+            for name in ("total_draft_tokens", "total_accepted_draft_tokens"):
+                value = result.as_numpy(name)
+                if value is not None:
+                    perf[name] = int(value.reshape(-1)[0])
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        # Over the wire only the acceptance counters come back: verify steps are the
+        # output tokens minus the prefill's one, less the accepted drafts.
+        accepted = perf.get("total_accepted_draft_tokens", 0)
+        return Sample(now - t0, (first or now) - t0, count, perf.get("total_draft_tokens", 0), accepted,
+                      max(0, count - 1 - accepted), max(0, count - 1))
+
+
+# ---------------------------------------------------------------- one level
+
+
+@dataclass
+class Point:
+    """One configuration at one concurrency."""
+
+    config: str
+    concurrency: int
+    requests: int
+    wall_s: float
+    output_tokens: int
+    tokens_per_s: float
+    latency_avg_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    ttft_avg_s: float
+    tau: float
+    acceptance_rate: float
+    latencies_s: list = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def run_level(run: Runner, config: BenchConfig, prompts: list[list[int]], concurrency: int,
+              num_requests: int, tag: str = "") -> Point:
+    """`concurrency` clients take the level's `num_requests` requests in order, back to back."""
+    jobs: queue.Queue = queue.Queue()
+    for i in range(num_requests):
+        jobs.put(i)
+    samples: list[Optional[Sample]] = [None] * num_requests
+    errors: list[BaseException] = []
+
+    def client():
+        while not errors:
+            try:
+                i = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                samples[i] = run(config, prompts[i % len(prompts)], f"{tag}{config.label}-c{concurrency}-{i}")
+            except BaseException as e:  # reported by the caller; the other clients stop
+                errors.append(e)
+
+    threads = [threading.Thread(target=client, name=f"bench-client-{k}") for k in range(concurrency)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return summarize(config.label, concurrency, samples, wall)
+
+
+def summarize(label: str, concurrency: int, samples: list[Sample], wall_s: float) -> Point:
+    lat = [s.latency_s for s in samples]
+    tokens = sum(s.output_tokens for s in samples)
+    drafted, accepted = sum(s.drafted for s in samples), sum(s.accepted for s in samples)
+    steps, emitted = sum(s.verify_steps for s in samples), sum(s.emitted for s in samples)
+    return Point(config=label, concurrency=concurrency, requests=len(samples), wall_s=wall_s, output_tokens=tokens,
+                 tokens_per_s=tokens / wall_s, latency_avg_s=statistics.fmean(lat),
+                 latency_p50_s=percentile(lat, 50), latency_p90_s=percentile(lat, 90),
+                 ttft_avg_s=statistics.fmean(s.ttft_s for s in samples),
+                 tau=emitted / steps if steps else 0.0, acceptance_rate=accepted / drafted if drafted else 0.0,
+                 latencies_s=[round(x, 6) for x in lat])
+
+
+# ---------------------------------------------------------------- report
+
+
+def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
+    """One row per concurrency; per configuration tok/s and latency, plus speedups over the first."""
+    header = ["conc"]
+    for c in configs:
+        header += [f"{c.label} tok/s", "lat avg/p50/p90 s", "τ"]
+    if len(configs) > 1:
+        header += [f"{c.label}/{configs[0].label}" for c in configs[1:]]
+    rows = []
+    for level in sorted({p.concurrency for p in points}):
+        by = {p.config: p for p in points if p.concurrency == level}
+        row = [str(level)]
+        for c in configs:
+            p = by.get(c.label)
+            row += ["-", "-", "-"] if p is None else [
+                f"{p.tokens_per_s:.1f}", f"{p.latency_avg_s:.2f}/{p.latency_p50_s:.2f}/{p.latency_p90_s:.2f}",
+                f"{p.tau:.2f}"]
+        ref = by.get(configs[0].label)
+        for c in configs[1:]:
+            p = by.get(c.label)
+            row.append("-" if p is None or ref is None else f"{p.tokens_per_s / ref.tokens_per_s:.2f}x")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def write_plots(path: Path, points: list[Point], configs: list[BenchConfig]) -> list[Path]:
+    from plots import throughput_vs_concurrency
+
+    def series(value):
+        return {c.label: [(p.concurrency, value(p)) for p in points if p.config == c.label] for c in configs}
+
+    latency = path.with_name(path.stem + "_latency" + path.suffix)
+    return [throughput_vs_concurrency(series(lambda p: p.tokens_per_s), path),
+            throughput_vs_concurrency(series(lambda p: p.latency_p50_s), latency,
+                                      title="Request latency (p50) vs concurrency", ylabel="p50 latency (s)")]
+
+
+# ---------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", type=Path, default=REPO / "checkpoints",
+                   help="folder with base/ and the drafters' folders (default checkpoints/)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="default: <family>/base")
+    p.add_argument("--question-set", type=Path, default=HUMANEVAL, help=f"EAGLE question set (default {HUMANEVAL})")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated (default {DEFAULT_CONFIGS})")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32", help="levels (default 1,2,4,8,16,32)")
+    p.add_argument("--num-requests", type=int, default=64,
+                   help="requests per configuration and level (at least the level's concurrency; default 64)")
+    p.add_argument("--output-tokens", type=int, default=64, help="tokens each request generates (default 64)")
+    p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to this (default 384)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed requests per configuration first (default 2)")
+    p.add_argument("--device", default="cpu", help="in-process engine: cpu | cuda[:N]")
+    p.add_argument("--dtype", default="float32", help="in-process engine dtype (default float32)")
+    p.add_argument("--eagle-total-tokens", type=int, default=0,
+                   help="EAGLE-2/3 tree size; 0: the engine calibrates it (in-process only; "
+                        "with --url the server's size, needed by -fixed configurations)")
+    p.add_argument("--url", default=None, help="gRPC address of a running tritonserver instead of an engine here")
+    p.add_argument("--model", default="speculative_decoding", help="--url: the model to call")
+    p.add_argument("--timeout", type=float, default=600.0, help="--url: seconds to wait for a response")
+    p.add_argument("--report-json", type=Path, default=None, help="write every point and the setup here")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="throughput PNG (default: --report-json with .png); latency goes to <plot>_latency.png")
+    return p
+
+
+def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: list[list[int]]):
+    from specdec.config import EngineConfig
+    from specdec.engine import Engine
+    from specdec.errors import ConfigError
+
+    drafters = {}
+    for c in configs:
+        if c.method in DRAFTER_DIRS:
+            key, name = DRAFTER_DIRS[c.method]
+            drafters[key] = str(args.family / name)
+    method = next((c.method for c in configs if c.method in FIXABLE), "none")
+    longest = max(len(p) for p in prompts)
+    room = 128  # KV positions past the output for the last step's tree (and the policy's calibration)
+    try:
+        return Engine(EngineConfig(
+            base_model_dir=str(args.family / "base"), device=args.device, dtype=args.dtype,
+            max_batch_size=max(levels), max_queue_size=max(levels) + 1,
+            max_seq_len=longest + args.output_tokens + room, max_tokens_limit=args.output_tokens,
+            speculative_method=method, eagle_total_tokens=args.eagle_total_tokens,
+            adaptive_speculation=True, **drafters))
+    except ConfigError as e:
+        raise BenchError(str(e)) from None
+
+
+def run_benchmark(args) -> dict:
+    configs, levels = parse_configs(args.configs), parse_levels(args.concurrency)
+    _validate_that(args.output_tokens >= 1, f"--output-tokens must be >= 1, got {args.output_tokens}")
+    _validate_that(args.max_prompt_tokens >= 1, f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    _validate_that(args.num_requests >= 1, f"--num-requests must be >= 1, got {args.num_requests}")
+    _validate_that(not args.url or args.eagle_total_tokens > 0 or not any(c.fixed for c in configs),
+                   "--url with a -fixed configuration needs --eagle-total-tokens (the server's tree size)")
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = args.tokenizer or args.family / "base"
+    _validate_that(tokenizer_dir.is_dir(), f"tokenizer folder {tokenizer_dir} does not exist")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    prompts = load_prompts(args.question_set, tokenizer, args.max_prompt_tokens)
+
+    setup = dict(configs=[asdict(c) for c in configs], concurrency=levels, num_requests=args.num_requests,
+                 output_tokens=args.output_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                 question_set=str(args.question_set), prompts=len(prompts), warmup=args.warmup)
+    engine = None
+    if args.url:
+        run = OverGrpc(args.url, args.model, args.output_tokens, args.eagle_total_tokens, args.timeout)
+        setup.update(url=args.url, model=args.model, eagle_total_tokens=args.eagle_total_tokens)
+    else:
+        engine = build_engine(args, configs, levels, prompts)
+        engine.start()
+        run = InProcess(engine, args.output_tokens)
+        setup.update(family=str(args.family), device=args.device, dtype=args.dtype,
+                     eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,
+                     omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
+    points: list[Point] = []
+    try:
+        for c in configs:
+            if args.warmup:
+                run_level(run, c, prompts, 1, args.warmup, tag="warmup-")
+        for level in levels:
+            for c in configs:
+                point = run_level(run, c, prompts, level, max(args.num_requests, level))
+                points.append(point)
+                print(f"  {c.label:>14} x{level:<3} {point.tokens_per_s:9.1f} tok/s  "
+                      f"p50 {point.latency_p50_s:.3f} s  τ {point.tau:.2f}", file=sys.stderr, flush=True)
+    finally:
+        if engine is not None:
+            engine.shutdown()
+    print(format_table(points, configs))
+    report = dict(setup=setup, points=[asdict(p) for p in points])
+    plot = args.plot or (args.report_json.with_suffix(".png") if args.report_json else None)
+    if plot:
+        report["plots"] = [str(p) for p in write_plots(plot, points, configs)]
+    if args.report_json:
+        args.report_json.parent.mkdir(parents=True, exist_ok=True)
+        args.report_json.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run_benchmark(args)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
