@@ -61,6 +61,8 @@ def repo_values(base: Path, method: str = "auto", tokenizer_dir: Optional[Path] 
         **{k: str(p) for k, p in present.items()},
     }
     values.update(extra or {})
+    if values.get("device", "").startswith("cuda") and "instance_kind" not in values:
+        values["instance_kind"] = "KIND_GPU"  # Triton then passes each instance its GPU id
     return values
 
 

@@ -36,6 +36,13 @@ class EngineConfig:
     eagle_depth: int = 5  # EAGLE-2/3 dynamic tree
     eagle_top_k: int = 8
     eagle_total_tokens: int = 0  # tree size incl. root; 0: chosen by timing the base model
+    # EAGLE-2/3 rank tree nodes by the draft's cumulative log-probability, as an estimate
+    # of acceptance. A draft trained on a high-entropy target is under-confident about the
+    # target's *argmax*, which is what greedy verification accepts; dividing the draft
+    # logits by this temperature (< 1) before ranking sharpens that estimate. It only
+    # changes which nodes form the tree, never what verification accepts (lossless).
+    # None: the head checkpoint's `specdec_score_temperature` if it has one, else 1.
+    eagle_score_temperature: Optional[float] = None
     num_draft_tokens: int = 4  # draft_model chain length
     adaptive_speculation: bool = True  # shrink/skip speculation when it does not pay
     seed: int = 0  # engine generator for requests that send no seed

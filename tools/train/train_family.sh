@@ -15,7 +15,7 @@ $PY tools/train/train_tokenizer.py --out .cache/train/tokenizer --vocab-size 204
 $PY tools/train/train_lm.py --tokenizer .cache/train/tokenizer --base-out "$OUT/base" \
     --draft-out "$OUT/draft" --steps 420 --batch-size 8 --seq-len 512 --lr 1e-3 --draft-lr 2e-3 --seed 0
 # 3. EAGLE-1/2 head, EAGLE-3 head and Medusa heads on the frozen base
-$PY tools/train/train_heads.py --base "$OUT/base" --out "$OUT" --steps 300 --batch-size 8 --seq-len 256 \
+$PY tools/train/train_heads.py --base "$OUT/base" --out "$OUT" --steps 600 --batch-size 8 --seq-len 256 \
     --lr 3e-3 --ttt-steps 4 --seed 0
 # 4. the report (perplexity, acceptance) and the model card's results
 $PY tools/eval_family.py --family "$OUT" --model-card "$OUT/MODEL_CARD.md"

@@ -42,6 +42,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 MEDUSA_HEADS = 4
 DRAFT_VOCAB = 1024
+SCORE_TEMPERATURE = 0.25
 
 
 def head_config(base_cfg: dict, **extra) -> dict:
@@ -160,8 +161,9 @@ def main() -> None:
     eagle.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight)
     eagle.embed_tokens.weight.requires_grad_(False)
     last = base.model.layers[-1]
-    eagle.layers[0].self_attn.load_state_dict(last.self_attn.state_dict())
-    eagle.layers[0].mlp.load_state_dict(last.mlp.state_dict())
+    for mine, theirs in ((eagle.layers[0].self_attn, last.self_attn), (eagle.layers[0].mlp, last.mlp)):
+        # the serving model also holds fused copies (qkv, gate_up): take the HF-named weights
+        mine.load_state_dict({k: v for k, v in theirs.state_dict().items() if k in mine.state_dict()})
 
     # EAGLE-3: draft vocabulary = the most frequent training tokens.
     counts = np.bincount(stream.astype(np.int64), minlength=shape.vocab_size)
@@ -233,10 +235,13 @@ def main() -> None:
                   f"{el:.0f}s ({el / (step + 1):.2f}s/step)", flush=True)
 
     meta = dict(steps=args.steps, batch_size=B, seq_len=T, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps)
-    eagle.save_pretrained(args.out / "eagle", head_config(base_cfg, architectures=["LlamaForCausalLM"], bias=True))
+    # specdec_score_temperature (not an upstream key): the EAGLE-2/3 ranking temperature
+    # these heads want, measured with tools/eval_family.py (see config.py).
+    eagle.save_pretrained(args.out / "eagle", head_config(base_cfg, architectures=["LlamaForCausalLM"], bias=True,
+                                                          specdec_score_temperature=SCORE_TEMPERATURE))
     eagle3.save_pretrained(args.out / "eagle3", head_config(
         base_cfg, architectures=["LlamaForCausalLMEagle3"], bias=False, draft_vocab_size=DRAFT_VOCAB,
-        target_hidden_size=shape.hidden_size))
+        target_hidden_size=shape.hidden_size, specdec_score_temperature=SCORE_TEMPERATURE))
     medusa.save_pretrained(args.out / "medusa", dict(
         medusa_num_heads=MEDUSA_HEADS, medusa_num_layers=1, base_model_name_or_path="../base",
         hidden_size=shape.hidden_size, vocab_size=shape.vocab_size))

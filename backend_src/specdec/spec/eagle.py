@@ -43,8 +43,10 @@ class EagleState:
 
 
 class EagleDrafter:
-    def __init__(self, head: EagleHead | Eagle3Head, target: LlamaModel, num_slots: int, max_seq_len: int):
+    def __init__(self, head: EagleHead | Eagle3Head, target: LlamaModel, num_slots: int, max_seq_len: int,
+                 score_temperature: float = 1.0):
         self.head = head
+        self.score_temperature = score_temperature  # EAGLE-2/3 ranking only (config.py)
         self.target = target
         self.eagle3 = isinstance(head, Eagle3Head)
         self.needs_aux = self.eagle3
@@ -67,11 +69,11 @@ class EagleDrafter:
     def _head(self, tokens, feats, positions, batch: AttentionBatch) -> torch.Tensor:
         return self.head(tokens, feats, positions, batch.mask, self.cache, batch)
 
-    def _log_probs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _log_probs(self, hidden: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Draft log-probs [..., V'] and, for EAGLE-3, the draft-to-target id offsets."""
         if self.eagle3:
-            return torch.log_softmax(self.head.draft_logits(hidden), dim=-1), self.head.d2t
-        return torch.log_softmax(self.target.logits(hidden), dim=-1), None
+            return torch.log_softmax(self.head.draft_logits(hidden) / temperature, dim=-1), self.head.d2t
+        return torch.log_softmax(self.target.logits(hidden) / temperature, dim=-1), None
 
     @staticmethod
     def _to_target(ids: torch.Tensor, d2t: Optional[torch.Tensor]) -> torch.Tensor:
@@ -124,7 +126,7 @@ class EagleDrafter:
         k, depth = settings[0].top_k, settings[0].depth
         slots = torch.tensor([s.slot for s in states], device=device)
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
-        logp, d2t = self._log_probs(last)
+        logp, d2t = self._log_probs(last, self.score_temperature)
         score, tok = logp.topk(k, dim=-1)  # [B, k] depth-1 candidates, best first
         tok = self._to_target(tok, d2t)
         cand_tok, cand_score, cand_parent, cand_depth = [tok], [score], [torch.full_like(tok, -1)], [1]
@@ -139,7 +141,7 @@ class EagleDrafter:
             batch = AttentionBatch.build(slots, head_len, local, write_offset=region)
             positions = (head_len + d - 2)[:, None].expand(B, k)
             out = self._head(front_tok, front_feat, positions, batch)  # [B, k, H]
-            lp, ctok = self._log_probs(out)[0].topk(k, dim=-1)  # [B, k, k]
+            lp, ctok = self._log_probs(out, self.score_temperature)[0].topk(k, dim=-1)  # [B, k, k]
             ctok = self._to_target(ctok, d2t)
             scores = (front_score[:, :, None] + lp).flatten(1)  # [B, k*k]
             cand_tok.append(ctok.flatten(1))

@@ -34,12 +34,13 @@ def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int) -> Loa
     try:
         if config.eagle_dir:
             head = EagleHead.from_pretrained(config.eagle_dir, config.base_model_dir, dtype, device)
-            drafter = EagleDrafter(head, target, slots, max_len)
+            drafter = EagleDrafter(head, target, slots, max_len, _score_temperature(config, config.eagle_dir))
             out.drafters["eagle"] = out.drafters["eagle2"] = drafter
             out.trees["eagle"] = _tree(config.eagle_choices, "eagle_choices", 16)
         if config.eagle3_dir:
             head3 = Eagle3Head.from_pretrained(config.eagle3_dir, config.base_model_dir, dtype, device)
-            out.drafters["eagle3"] = EagleDrafter(head3, target, slots, max_len)
+            out.drafters["eagle3"] = EagleDrafter(head3, target, slots, max_len,
+                                                   _score_temperature(config, config.eagle3_dir))
         if config.medusa_dir:
             heads = MedusaHeads.from_pretrained(config.medusa_dir, target.shape.hidden_size,
                                                 target.shape.vocab_size, dtype, device)
@@ -61,3 +62,11 @@ def _tree(spec: str, name: str, max_depth: int):
         return static_tree(spec, top_k=16, max_depth=max_depth)
     except InputError as e:
         raise ConfigError(f"parameter {name!r}: {e}") from None
+
+
+def _score_temperature(config: EngineConfig, head_dir: str) -> float:
+    """The config's EAGLE-2/3 ranking temperature, else the head checkpoint's own
+    recommendation (`specdec_score_temperature`, not an upstream key), else 1."""
+    if config.eagle_score_temperature is not None:
+        return config.eagle_score_temperature
+    return float(read_config(head_dir).get("specdec_score_temperature", 1.0))

@@ -77,6 +77,9 @@ class TritonPythonModel:
         self.decoupled = is_decoupled(config)
         self.exclude_input_default = flag(config, "exclude_input_in_output", False)
         params = {k: v for k, v in string_params(config).items() if k not in ADAPTER_PARAMS}
+        # device "cuda" without an index: each instance on the GPU Triton gave it.
+        if params.get("device", "").strip() == "cuda" and args.get("model_instance_kind") == "GPU":
+            params["device"] = f"cuda:{args['model_instance_device_id']}"
         self.engine = Engine(EngineConfig.from_params(params))  # ConfigError fails the load
         self._export = CounterExport()
         self._export.skip(self.engine.metrics)  # load-time calibration is not traffic
