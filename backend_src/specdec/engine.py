@@ -118,7 +118,8 @@ class Engine:
         req.validate(self.vocab_size, self.max_context, self.max_tokens_limit)
         settings = self.policy.resolve(req)  # raises InputError for bad choices / unloaded methods
         with self._lock:
-            if len(self._waiting) >= self.config.max_queue_size:
+            # Requests that a free slot will take at the next step are not waiting for one.
+            if len(self._waiting) >= self.config.max_queue_size + self.slots.available:
                 raise BusyError(f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
             self._waiting.append((req, emit, settings))
             self._lock.notify_all()

@@ -68,6 +68,9 @@ class _Pending:
     response: Optional[object] = None  # not decoupled: the one response, once finished
     done: threading.Event = field(default_factory=threading.Event)
     closed: bool = False  # the final response (or error) was sent or stored
+    # Held around every final send and every is_cancelled() poll: once the final flag
+    # is sent Triton frees the response factory, and polling it then crashes the server.
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class TritonPythonModel:
@@ -149,13 +152,16 @@ class TritonPythonModel:
                 self._fail(request_id, pending, _error(step.error or "generation failed", "INTERNAL"))
                 return
             arrays = pending.builder.add(step)
-            if arrays is None or (step.finished and not self._close(request_id, pending)):
+            if arrays is None:
                 return
-            if self.decoupled:
-                pending.sender.send(_response(arrays), flags=FINAL if step.finished else 0)
-            elif step.finished:
-                pending.response = _response(arrays)
-                pending.done.set()
+            with pending.send_lock:
+                if step.finished and not self._close(request_id, pending):
+                    return
+                if self.decoupled:
+                    pending.sender.send(_response(arrays), flags=FINAL if step.finished else 0)
+                elif step.finished:
+                    pending.response = _response(arrays)
+                    pending.done.set()
         except Exception as e:  # a send on a closed stream, a bug: end the request, keep the engine
             self.logger.log_error(f"speculative_decoding: request {request_id}: {e!r}")
             if not step.finished:
@@ -189,8 +195,12 @@ class TritonPythonModel:
     def _fail(self, request_id: str, pending: _Pending, error, force: bool = False) -> None:
         """Ends a request with an error (with the final flag when decoupled). `force`: also
         when it was marked answered but the final send itself failed."""
-        if not self._close(request_id, pending) and not force:
-            return
+        with pending.send_lock:
+            if not self._close(request_id, pending) and not force:
+                return
+            self._send_error(request_id, pending, error)
+
+    def _send_error(self, request_id: str, pending: _Pending, error) -> None:
         if self.decoupled:
             try:
                 pending.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
@@ -211,7 +221,10 @@ class TritonPythonModel:
                 if request_id in cancelled:
                     continue
                 try:
-                    is_cancelled = pending.sender.is_cancelled()
+                    with pending.send_lock:
+                        if pending.closed:
+                            continue
+                        is_cancelled = pending.sender.is_cancelled()
                 except Exception:
                     continue
                 if is_cancelled:
