@@ -60,7 +60,9 @@ class SpeculationPolicy:
         self.total_tokens = config.eagle_total_tokens or 16
         self.calibration: dict[int, float] = {}  # EAGLE-2/3 tree size -> seconds per token
         self.forward_cost: list[tuple[int, float]] = []  # (tokens in one forward, seconds)
-        self.draft_cost: dict[str, float] = {}  # method -> EMA seconds of drafting per request-step
+        self.draft_cost: dict[str, float] = {}  # method -> seconds of drafting per request-step (measured at load)
+        self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
+        self._recording: Optional[list[float]] = None
 
     # -- at submit -----------------------------------------------------------------------
     def resolve(self, req: GenerationRequest) -> TreeSettings:
@@ -169,10 +171,9 @@ class SpeculationPolicy:
         cost += sum(self.draft_cost.get(s.settings.method, 0.0) for s, n in zip(states, budgets) if n > 1)
         return tokens / cost
 
-    @staticmethod
-    def _stats(state) -> AdaptiveState:
+    def _stats(self, state) -> AdaptiveState:
         if state.adaptive is None:
-            state.adaptive = AdaptiveState()
+            state.adaptive = AdaptiveState(accept=self.prior_accept.get(state.settings.method, PRIOR_ACCEPT))
         return state.adaptive
 
     def observe(self, state, drafted: int, accepted: int) -> None:
@@ -183,9 +184,8 @@ class SpeculationPolicy:
         stats.nodes = drafted + 1
 
     def record_draft_time(self, method: str, seconds: float, requests: int) -> None:
-        per = seconds / max(1, requests)
-        old = self.draft_cost.get(method)
-        self.draft_cost[method] = per if old is None else (1 - EMA) * old + EMA * per
+        if self._recording is not None:  # only while calibrating (see _time_drafters)
+            self._recording.append(seconds / max(1, requests))
 
     def forward_seconds(self, tokens: int) -> float:
         """Measured target forward time for `tokens` tokens in one step (interpolated)."""
@@ -203,6 +203,28 @@ class SpeculationPolicy:
         if self.config.adaptive_speculation and len(self.available) > 1:
             self._time_forwards(engine)
         self._choose_total_tokens(engine)
+        if self.forward_cost:
+            self._time_drafters(engine)
+
+    def _time_drafters(self, engine) -> None:
+        """Each drafter's cost per step and its acceptance, measured once at load on the
+        model's own greedy continuation of a BOS: the draft cost of the cost model (kept
+        fixed while serving: a step's drafting time also depends on how much the drafter
+        must catch up, which says nothing about the next step) and each method's prior."""
+        bos = [1]
+        seed_text = engine.generate(GenerationRequest("calibrate-text", bos, 32, spec=SpecParams(method="none")))[0]
+        prompt = bos + seed_text[:24]
+        for method in sorted(self.available - {"none"}):
+            req = GenerationRequest(f"calibrate-{method}", prompt, 32, spec=SpecParams(method=method))
+            self._recording = []
+            _, _, last = engine.generate(req)
+            times = self._recording[1:] or self._recording  # the first step also catches up the prompt
+            self._recording = None
+            if times:
+                self.draft_cost[method] = sorted(times)[len(times) // 2]
+            st = last.stats
+            if st.target_forwards:
+                self.prior_accept[method] = st.total_accepted_draft_tokens / st.target_forwards
 
     def _time_forwards(self, engine) -> None:
         """Target forward time per token count: the cost model of `plan`."""

@@ -20,6 +20,7 @@ from ..models.layers import causal_mask
 from ..models.llama import LlamaModel
 from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
 from .base import Accepted, DraftTree, TreeSettings
+from .eagle import BATCHED_CATCH_UP
 
 
 @dataclass
@@ -33,7 +34,8 @@ class DraftModelDrafter:
 
     def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int):
         self.model = model
-        self.cache = model.new_cache(num_slots, max_seq_len + 32)
+        # Room after the context for the chain and a batched catch-up's padding.
+        self.cache = model.new_cache(num_slots, max_seq_len + 2 * BATCHED_CATCH_UP + 32)
 
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = DraftModelState(draft_len=0)  # the first catch-up reads the prompt
@@ -63,16 +65,30 @@ class DraftModelDrafter:
             s.draft.draft_len += n
         return self.model.logits(last)
 
+    def _catch_up(self, states: list) -> torch.Tensor:
+        """Feeds every request the tokens it has not seen; logits [B, V] after the last.
+        Long catch-ups (a prompt) run alone, so short ones are not padded to their
+        length (and padding never writes past a slot's end)."""
+        device = self.cache.kv.device
+        unseen = [s.tokens[s.draft.draft_len:] for s in states]
+        short = [i for i, u in enumerate(unseen) if len(u) <= BATCHED_CATCH_UP]
+        groups = ([short] if short else []) + [[i] for i, u in enumerate(unseen) if len(u) > BATCHED_CATCH_UP]
+        out: list = [None] * len(states)
+        for group in groups:
+            lens = [len(unseen[i]) for i in group]
+            tokens = torch.zeros(len(group), max(lens), dtype=torch.long, device=device)
+            for row, i in enumerate(group):
+                tokens[row, : lens[row]] = torch.tensor(unseen[i], device=device)
+            logits = self._forward([states[i] for i in group], tokens, lens)
+            for row, i in enumerate(group):
+                out[i] = logits[row]
+        return torch.stack(out)
+
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
         device = self.cache.kv.device
         B = len(states)
         gamma = max(1, settings[0].num_draft_tokens)
-        unseen = [s.tokens[s.draft.draft_len:] for s in states]
-        lens = [len(u) for u in unseen]
-        tokens = torch.zeros(B, max(lens), dtype=torch.long, device=device)
-        for b, u in enumerate(unseen):
-            tokens[b, : len(u)] = torch.tensor(u, device=device)
-        logits = self._forward(states, tokens, lens)
+        logits = self._catch_up(states)
         rows = [LogitsRow(s.req, s.tokens, len(s.tokens) - s.prompt_len) for s in states]
         greedy = all(s.req.sampling.greedy for s in states)
         chain, dists = [], []
