@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
+from bench import BenchError, _validate_that  # noqa: E402
 from dataset_converter import DatasetError, first_turns, read_question_set  # noqa: E402
 
 HUMANEVAL = REPO.parent / "shared" / "data" / "eagle_humaneval_question.jsonl"
@@ -56,15 +57,6 @@ DEFAULT_CONFIGS = "plain,eagle2,eagle2-fixed"
 FIXABLE = ("eagle2", "eagle3")  # methods whose tree size a request can pin
 DRAFTER_DIRS = {"eagle": ("eagle_dir", "eagle"), "eagle2": ("eagle_dir", "eagle"), "eagle3": ("eagle3_dir", "eagle3"),
                 "medusa": ("medusa_dir", "medusa"), "draft_model": ("draft_model_dir", "draft")}
-
-
-class BenchError(RuntimeError):
-    """A benchmark that cannot run as asked."""
-
-
-def _validate_that(cond: bool, msg: str) -> None:
-    if not cond:
-        raise BenchError(msg)
 
 
 @dataclass(frozen=True)
