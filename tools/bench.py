@@ -16,8 +16,8 @@ Requests come from a trtllm-bench dataset (`--dataset`, written by
 `tools/prepare_dataset.py`; `input_ids` or `prompt`, and `output_tokens`) or an EAGLE
 question set (`--question-set`, first turn of each question, `--output-tokens`).
 Every request generates exactly its `output_tokens` (end-of-sequence ignored, as
-trtllm-bench does) unless `--stop-at-eos`. The engine runs as served, adaptive
-speculation on; `--adaptive off` verifies the full tree at every step.
+trtllm-bench does) unless `--stop-at-eos`. The engine runs as served (adaptive
+speculation off: the full tree at every step); `--adaptive on` lets the policy shrink it.
 
 `plot-speedups REPORT.json...` reads `--compare` reports of several question sets
 and prints the speedup table (methods x sets; PNG with `--plot`).
@@ -680,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
         cfg.add_argument("--eagle-depth", type=int, default=None, help="EAGLE-2/3 depth (default 5)")
         cfg.add_argument("--eagle-top-k", type=int, default=None, help="EAGLE-2/3 top-k (default 8)")
         cfg.add_argument("--num-draft-tokens", type=int, default=None, help="draft_model chain (default 4)")
-        cfg.add_argument("--adaptive", choices=("on", "off"), default="on",
+        cfg.add_argument("--adaptive", choices=("on", "off"), default="off",
                          help="the engine's adaptive speculation (off: every step uses the full tree)")
         cfg.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
         cfg.add_argument("--dtype", default="float32", choices=DTYPES)

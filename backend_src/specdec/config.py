@@ -44,7 +44,10 @@ class EngineConfig:
     # None: the head checkpoint's `specdec_score_temperature` if it has one, else 1.
     eagle_score_temperature: Optional[float] = None
     num_draft_tokens: int = 4  # draft_model chain length
-    adaptive_speculation: bool = True  # shrink/skip speculation when it does not pay
+    # Shrink/skip speculation when the measured cost model says it does not pay. Off by
+    # default: on the shipped family its estimates are pessimistic and fixed trees
+    # measured faster at every concurrency (docs/benchmarks.md, section 2).
+    adaptive_speculation: bool = False
     seed: int = 0  # engine generator for requests that send no seed
 
     @classmethod

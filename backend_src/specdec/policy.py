@@ -7,10 +7,10 @@
   of every later decision) and, when `eagle_total_tokens` is 0, chooses the EAGLE-2/3
   tree size by timing generation with each candidate size (EAGLE-2's
   `total_token=-1`, measured end to end with the drafter).
-- `plan` (every step): adaptive speculation. Each speculating request gets a node
-  budget: its full tree, a half, a quarter, or none (plain decoding), chosen to
-  maximise the step's expected tokens per second under the measured cost of the one
-  verify forward (which grows with the batch's total tree tokens) plus drafting.
+- `plan` (every step): adaptive speculation. The batch's speculating requests get
+  their full trees, halves, quarters, or none (plain decoding), whichever maximises
+  the step's expected tokens per second under the measured cost of the one verify
+  forward (which grows with batch size x largest tree) plus batched drafting.
   Expected accepted tokens come from each request's running acceptance, so requests
   whose drafts stop matching, and large batches, speculate less. A request whose
   speculation is off probes it again every `PROBE_EVERY` steps. Requests that pinned
@@ -122,19 +122,21 @@ class SpeculationPolicy:
             stats = self._stats(states[i])
             if stats.off_steps and stats.off_steps % PROBE_EVERY != 0:
                 budgets[i] = 1  # stays off until its next probe
-        # Greedy coordinate descent: for each request (least accepting first), keep the
-        # budget that maximises the whole step's expected tokens per second.
-        order = sorted((i for i in adaptive if budgets[i] > 1), key=lambda i: self._stats(states[i]).accept)
-        for i in order:
-            full = budgets[i]
-            options = sorted({full, max(2, full // 2), max(2, full // 4), 1}, reverse=True)
-            best, best_rate = full, -1.0
-            for n in options:
-                budgets[i] = n
+        # The verify forward pads every tree to the largest, so what matters is the
+        # batch's tree size: try the full trees, halves, quarters and none, keep the one
+        # with the most expected tokens per second.
+        active = [i for i in adaptive if budgets[i] > 1]
+        if active:
+            full = {i: budgets[i] for i in active}
+            best, best_rate = 1.0, -1.0
+            for factor in (1.0, 0.5, 0.25, 0.0):
+                for i in active:
+                    budgets[i] = 1 if factor == 0 else max(2, int(full[i] * factor))
                 rate = self._rate(states, budgets)
                 if rate > best_rate * (1 + 1e-9):
-                    best, best_rate = n, rate
-            budgets[i] = best
+                    best, best_rate = factor, rate
+            for i in active:
+                budgets[i] = 1 if best == 0 else max(2, int(full[i] * best))
         out = []
         for s, n in zip(states, budgets):
             st = s.settings
@@ -168,7 +170,8 @@ class SpeculationPolicy:
         tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
         # The verify forward pads every request's tree to the largest one.
         cost = self.forward_seconds(len(budgets) * max(budgets))
-        cost += sum(self.draft_cost.get(s.settings.method, 0.0) for s, n in zip(states, budgets) if n > 1)
+        # Drafting runs batched, one call per method: charged once per method in use.
+        cost += sum(self.draft_cost.get(m, 0.0) for m in {s.settings.method for s, n in zip(states, budgets) if n > 1})
         return tokens / cost
 
     def _stats(self, state) -> AdaptiveState:
