@@ -16,7 +16,7 @@ Levels run in increasing order; within a level the configurations take turns, so
 drifting machine does not favour one of them.
 
 Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: the
-engine as served, adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
+engine with adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
 speculation off for those requests. In-process, one engine (`Engine.start()`, its
 loop thread) serves every configuration; "-fixed" requests pin `total_tokens` to the
 engine's tree size, which the policy treats exactly as `adaptive_speculation: false`

@@ -215,10 +215,11 @@ class SpeculationPolicy:
         fixed while serving: a step's drafting time also depends on how much the drafter
         must catch up, which says nothing about the next step) and each method's prior."""
         bos = [1]
-        seed_text = engine.generate(GenerationRequest("calibrate-text", bos, 32, spec=SpecParams(method="none")))[0]
+        n = max(1, min(32, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
+        seed_text = engine.generate(GenerationRequest("calibrate-text", bos, n, spec=SpecParams(method="none")))[0]
         prompt = bos + seed_text[:24]
         for method in sorted(self.available - {"none"}):
-            req = GenerationRequest(f"calibrate-{method}", prompt, 32, spec=SpecParams(method=method))
+            req = GenerationRequest(f"calibrate-{method}", prompt, n, spec=SpecParams(method=method))
             self._recording = []
             _, _, last = engine.generate(req)
             times = self._recording[1:] or self._recording  # the first step also catches up the prompt
