@@ -40,7 +40,7 @@ target forward (`AcceptanceStats`; prefill not counted); acceptance rate = accep
 draft tokens / draft tokens sent to verification.
 
     python tools/bench.py --family checkpoints throughput --dataset ds.jsonl --method eagle2
-    python tools/bench.py latency --question-set /work/shared/data/eagle_humaneval_question.jsonl \\
+    python tools/bench.py latency --question-set ../shared/data/eagle_humaneval_question.jsonl \\
         --num-requests 20 --output-tokens 128 --compare none,eagle2,eagle3,medusa,draft_model,eagle,hf \\
         --report-json bench.json --plot bench.png
 """

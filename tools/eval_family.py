@@ -51,7 +51,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.policy import MAX_TREE  # noqa: E402
 from specdec.request import AcceptanceStats, GenerationRequest, SamplingParams, SpecParams  # noqa: E402
 
-HUMANEVAL = Path("/work/shared/data/eagle_humaneval_question.jsonl")
+HUMANEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "eagle_humaneval_question.jsonl"
 INSTRUCTION = "Complete the code I provided."
 CARD_BEGIN, CARD_END = "<!-- eval_family:begin -->", "<!-- eval_family:end -->"
 MODEL_DIRS = ("base", "draft", "eagle", "eagle3", "medusa")

@@ -6,7 +6,7 @@ backend, the environment the Python-backend stub needs, and a small `TritonServe
 handle (start, wait for READY, stop) used by `tools/launch_triton_server.py` and by
 the tests' fixture. Does not own model repositories (see `tools/build_model_repo.py`).
 
-Why the environment looks like this (see /work/shared/ENVIRONMENT.md):
+Why the environment looks like this (see ../shared/ENVIRONMENT.md beside the checkout):
 - the wheel's stub links `libpython3.x.so`; the running interpreter's own LIBDIR
   must come first on LD_LIBRARY_PATH or a system libpython of another patch
   release is picked up and imports fail;
