@@ -191,7 +191,7 @@ def test_lossless_test_rejects_a_broken_sampler(with_draft, monkeypatch):
 
 def test_verify_sampling_never_emits_zero_probability_tokens():
     # All drafts propose token 2, which the target never emits; the bonus must avoid it.
-    batch, vocab = 200, 4
+    batch = 200
     parents = torch.tensor([[-1, 0, 0]]).repeat(batch, 1)
     target = torch.tensor([0.5, 0.5, 0.0, 0.0]).repeat(batch, 3, 1)
     draft = torch.tensor([0.0, 0.0, 1.0, 0.0]).repeat(batch, 3, 1)

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 
 from .config import EngineConfig
-from .errors import BusyError, ConfigError, InputError
+from .errors import BusyError, ConfigError
 from .kv_cache import AttentionBatch, SlotAllocator
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
@@ -309,7 +309,8 @@ class Engine:
         accept_len = torch.zeros(B, dtype=torch.long, device=dev)
         accepted = torch.full((B, N), -1, dtype=torch.long, device=dev)
         bonus = torch.zeros(B, dtype=torch.long, device=dev)
-        log_dist = torch.empty_like(logits)  # log of the distribution each token was drawn from
+        # Log of the distribution each token was drawn from: only when someone asked for it.
+        log_dist = torch.empty_like(logits) if any(s.req.return_log_probs for s in states) else None
         greedy = [b for b, s in enumerate(states) if s.req.sampling.greedy]
         sampled = [b for b, s in enumerate(states) if not s.req.sampling.greedy]
         if greedy:
@@ -320,7 +321,8 @@ class Engine:
             else:
                 r = verify_greedy(cand[g], parents[g], num_nodes[g], argmax)
                 accept_len[g], accepted[g], bonus[g] = r.accept_len, r.accepted_nodes, r.bonus_token
-            log_dist[g] = torch.log_softmax(logits[g], -1)
+            if log_dist is not None:
+                log_dist[g] = torch.log_softmax(logits[g], -1)
         # Requests whose drafter sampled its proposals pass draft_probs; the others were
         # proposed deterministically (top-k), which verification treats as one-hot.
         for with_q in (False, True):
@@ -346,7 +348,8 @@ class Engine:
             r = verify_sampling(cand[p_idx], parents[p_idx], num_nodes[p_idx], probs, q,
                                 uniforms[:, :N].contiguous(), uniforms[:, N].contiguous())
             accept_len[p_idx], accepted[p_idx], bonus[p_idx] = r.accept_len, r.accepted_nodes, r.bonus_token
-            log_dist[p_idx] = torch.log(probs)
+            if log_dist is not None:
+                log_dist[p_idx] = torch.log(probs)
         if N > 1:
             kv_compact(self.cache.kv, slots, prefix, accepted, accept_len)
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import BatchSampler, cached_stream, eval_windows, list_sources  # noqa: E402
+from corpus import BatchSampler, cached_stream, list_sources  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
 from specdec.models.eagle3 import Eagle3Head, eagle3_feature_layers  # noqa: E402
