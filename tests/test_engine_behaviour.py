@@ -131,3 +131,42 @@ def test_unloaded_method_is_an_input_error(prompt):
                              draft_model_dir=None)
     with pytest.raises(InputError, match="not available"):
         plain_only.submit(request(prompt, 4, "eagle2"), lambda o: None)
+
+
+def test_launched_engine_loads_and_steps_in_one_thread(prompt, greedy):
+    """`Engine.launch`: every step runs in the thread that loaded the model (one OpenMP
+    pool on CPU, one current device on GPU), never in the caller's."""
+    import threading
+
+    from specdec.config import EngineConfig
+    from specdec.engine import Engine
+    from engine_helpers import family_paths
+
+    engine = Engine.launch(EngineConfig(**family_paths(), speculative_method="eagle2", eagle_total_tokens=16,
+                                        max_seq_len=512, max_batch_size=4, dtype="float64"))
+    try:
+        assert engine.owner is not threading.current_thread()
+        stepped_in = set()
+        done = threading.Event()
+        out: list[int] = []
+
+        def emit(o):
+            stepped_in.add(threading.current_thread())
+            out.extend(o.token_ids)
+            if o.finished:
+                done.set()
+
+        engine.submit(request(prompt, N, "eagle2"), emit)
+        assert done.wait(60)
+        assert stepped_in == {engine.owner} and out == greedy
+    finally:
+        engine.shutdown()
+
+
+def test_launch_raises_the_load_error():
+    from specdec.config import EngineConfig
+    from specdec.engine import Engine
+    from specdec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no config.json in ./nonexistent/base"):
+        Engine.launch(EngineConfig(base_model_dir="/nonexistent/base", speculative_method="none"))

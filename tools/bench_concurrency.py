@@ -17,9 +17,9 @@ drifting machine does not favour one of them.
 
 Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: the
 engine with adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
-speculation off for those requests. In-process, one engine (`Engine.start()`, its
-loop thread) serves every configuration; "-fixed" requests pin `total_tokens` to the
-engine's tree size, which the policy treats exactly as `adaptive_speculation: false`
+speculation off for those requests. In-process, one engine (`Engine.launch`: loaded
+and looping in its own thread) serves every configuration; "-fixed" requests pin
+`total_tokens` to the engine's tree size, which the policy treats exactly as `adaptive_speculation: false`
 (a pinned request always verifies its full tree). With `--url` the requests go over
 gRPC streams to a running tritonserver's `speculative_decoding` model (token ids in and
 out, so counts are exact); "-fixed" then needs the server's `--eagle-total-tokens`.
@@ -390,7 +390,7 @@ def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: l
     longest = max(len(p) for p in prompts)
     room = 128  # KV positions past the output for the last step's tree (and the policy's calibration)
     try:
-        return Engine(EngineConfig(
+        return Engine.launch(EngineConfig(
             base_model_dir=str(args.family / "base"), device=args.device, dtype=args.dtype,
             max_batch_size=max(levels), max_queue_size=max(levels) + 1,
             max_seq_len=longest + args.output_tokens + room, max_tokens_limit=args.output_tokens,
@@ -422,8 +422,7 @@ def run_benchmark(args) -> dict:
         run = OverGrpc(args.url, args.model, args.output_tokens, args.eagle_total_tokens, args.timeout)
         setup.update(url=args.url, model=args.model, eagle_total_tokens=args.eagle_total_tokens)
     else:
-        engine = build_engine(args, configs, levels, prompts)
-        engine.start()
+        engine = build_engine(args, configs, levels, prompts)  # loaded and looping in its own thread
         run = InProcess(engine, args.output_tokens)
         setup.update(family=str(args.family), device=args.device, dtype=args.dtype,
                      eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,

@@ -83,7 +83,8 @@ class TritonPythonModel:
         # device "cuda" without an index: each instance on the GPU Triton gave it.
         if params.get("device", "").strip() == "cuda" and args.get("model_instance_kind") == "GPU":
             params["device"] = f"cuda:{args['model_instance_device_id']}"
-        self.engine = Engine(EngineConfig.from_params(params))  # ConfigError fails the load
+        # Loaded, and then stepping, in the engine's own thread (see Engine.launch).
+        self.engine = Engine.launch(EngineConfig.from_params(params))  # ConfigError fails the load
         self._export = CounterExport()
         self._export.skip(self.engine.metrics)  # load-time calibration is not traffic
         self._families = {spec.field: pb_utils.MetricFamily(name=spec.name, description=spec.description,
@@ -94,7 +95,6 @@ class TritonPythonModel:
         for spec in COUNTERS:  # every (counter, method) exists from the start: rates begin at zero
             for method in METHODS:
                 self._counter(spec.field, method)
-        self.engine.start()
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
