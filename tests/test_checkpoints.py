@@ -75,6 +75,27 @@ def test_llama_layouts_match_transformers(tmp_path, layout):
     assert torch.allclose(_forward_all(ours, ids), ref, atol=1e-4), layout
 
 
+def test_fused_projections_hold_each_weight_once(tmp_path):
+    """Serving fuses q/k/v and gate/up into one matmul each; the separate modules stay
+    (state-dict names) as views, so memory is the checkpoint's, not ~1.7x it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # q/k/v with biases
+
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(Qwen2Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=2,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV,
+                                      tie_word_embeddings=False)).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    ours = LlamaModel.from_pretrained(tmp_path)
+    assert ours.model.layers[0].self_attn.qkv is not None and ours.model.layers[0].mlp.gate_up is not None
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in ours.parameters()}
+    checkpoint = sum(t.numel() * t.element_size() for t in hf.state_dict().values())
+    assert sum(storages.values()) == checkpoint
+    sd = ours.state_dict()  # the upstream names still read the weights
+    attn = hf.model.layers[1].self_attn
+    assert torch.equal(sd["model.layers.1.self_attn.k_proj.weight"], attn.k_proj.weight)
+    assert torch.equal(sd["model.layers.1.self_attn.v_proj.bias"], attn.v_proj.bias)
+
+
 def test_llama_mismatched_checkpoint_is_a_config_error(tmp_path):
     hf = LlamaForCausalLM(_hf_config())
     hf.save_pretrained(tmp_path)

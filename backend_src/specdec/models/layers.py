@@ -134,7 +134,8 @@ class Attention(nn.Module):
 
     def fuse(self) -> None:
         """Serving only: q/k/v projections as one matmul (fewer kernel launches and
-        Python calls per layer). The separate modules stay for state-dict names."""
+        Python calls per layer). The separate modules stay for state-dict names, their
+        weights views into the fused one."""
         self.qkv = _fused_linear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
@@ -179,14 +180,23 @@ class MLP(nn.Module):
 
 
 def _fused_linear(*parts: nn.Linear) -> nn.Linear:
-    """One Linear whose output is the parts' outputs concatenated (weights copied)."""
+    """One Linear whose output is the parts' outputs concatenated. The parts keep their
+    names (state dicts) but their weights become views into the fused one: the model
+    holds each weight once (a 7B model would otherwise carry ~9 GB of copies)."""
     w = torch.cat([p.weight.detach() for p in parts], dim=0)
     has_bias = parts[0].bias is not None
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
-    fused.weight.data.copy_(w)
+    b = torch.cat([p.bias.detach() for p in parts]) if has_bias else None
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device="meta")
+    fused.weight = nn.Parameter(w, requires_grad=False)
     if has_bias:
-        fused.bias.data.copy_(torch.cat([p.bias.detach() for p in parts]))
-    fused.requires_grad_(False)
+        fused.bias = nn.Parameter(b, requires_grad=False)
+    start = 0
+    for p in parts:
+        rows = p.weight.shape[0]
+        p.weight = nn.Parameter(w[start: start + rows], requires_grad=False)
+        if has_bias:
+            p.bias = nn.Parameter(b[start: start + rows], requires_grad=False)
+        start += rows
     return fused
 
 

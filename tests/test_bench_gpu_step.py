@@ -1,0 +1,72 @@
+"""Smoke test of `tools/bench_gpu_step.py` on the CPU with the tiny shape: the run
+completes, its JSON report holds every number (positive) and the device's name, and
+bad arguments exit with argparse's usage and a message that names the problem, not a
+traceback. The 7B numbers
+themselves need a GPU and are not checked here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench_gpu_step
+
+SMOKE = ["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", "2", "--warmup", "1",
+         "--copy-mib", "16"]
+
+
+def test_tiny_cpu_run_reports_every_number(tmp_path, capsys):
+    path = tmp_path / "step.json"
+    assert bench_gpu_step.main([*SMOKE, "--report-json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "plain decode step" in out and "implied speedup" in out
+
+    r = json.loads(path.read_text())
+    assert r["device"] and r["device_type"] == "cpu" and r["torch"] and r["date"]
+    assert r["shape"] == "tiny" and r["dtype"] == "float32" and r["context"] == 512
+    positive = [r["copy"]["gb_per_s"], r["copy"]["ms"], r["weights"]["target_bytes"], r["weights"]["head_bytes"],
+                r["weights"]["kv_read_bytes_plain_step"], r["bandwidth_bound_ms"], r["plain"]["step_ms"],
+                r["plain"]["over_bound"]]
+    trees = r["eagle2"]["trees"]
+    assert [t["total_tokens"] for t in trees] == [16, 32, 60]
+    for t in trees:
+        positive += [t[k] for k in ("draft_ms", "verify_ms", "step_ms", "step_over_plain", "tau",
+                                    "implied_speedup")]
+        assert t["step_ms"] == pytest.approx(t["draft_ms"] + t["verify_ms"])
+        assert t["tau_total_tokens"] == 16  # the family report's only EAGLE-2 tree size
+    assert all(isinstance(v, (int, float)) and v > 0 for v in positive), positive
+    for name in ("plain_over_bound", "eagle2_60_over_plain"):
+        target = r["targets"][name]
+        assert target["value"] > 0 and target["limit"] > 0 and isinstance(target["met"], bool)
+
+
+def test_family_tau_picks_the_closest_tree_size(tmp_path):
+    def row(method, total, forwards, emitted):
+        return {"method": method, "tree": f"dynamic: depth 5, top_k 8, total_tokens {total} (incl. root)",
+                "sets": {"a": {"tau": emitted / forwards, "target_forwards": forwards, "emitted_tokens": emitted}}}
+    report = tmp_path / "family.json"
+    report.write_text(json.dumps({"acceptance": {"rows": [
+        row("eagle2", 16, 10, 30), row("eagle2", 48, 10, 50), row("eagle3", 60, 10, 90)]}}))
+    assert bench_gpu_step.family_tau(report, 16)["tau"] == 3.0
+    assert bench_gpu_step.family_tau(report, 60)["tau"] == 5.0  # EAGLE-3's row is not EAGLE-2's
+    assert bench_gpu_step.family_tau(report, 32)["total_tokens"] == 16  # a tie goes to the smaller tree
+    assert bench_gpu_step.family_tau(tmp_path / "missing.json", 16) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cuda"], "sees no CUDA GPU"),
+    (["--shape", "llama-9000"], "invalid choice: 'llama-9000'"),
+    (["--device", "tpu"], "--device 'tpu'"),
+    (["--trees", "16,1"], "tree sizes must be >= 2"),
+    (["--trees", "600"], "drafts at most 511 tokens"),
+    (["--iters", "0"], "--iters must be >= 1"),
+    (["--family-report", "/nonexistent/report.json"], "give one with --tau"),
+])
+def test_bad_arguments_exit_with_a_message(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(bench_gpu_step.torch.cuda, "is_available", lambda: False)
+    base = ["--shape", "tiny", "--device", "cpu", "--dtype", "float32"]
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu_step.main([*base, *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert message in err and "Traceback" not in err, err
