@@ -458,9 +458,9 @@ def engine_details(args: argparse.Namespace, entries: list[str], trees: dict[str
             ("Mode", args.mode), ("Method" if len(entries) == 1 else "Compared", ", ".join(entries))]
     rows += [(f"Tree ({e})", trees[e]) for e in entries if e != "none"]
     rows.append(("Adaptive speculation", args.adaptive))
-    note = getattr(engine, "calibration_note", None)
+    note = getattr(engine, "load_note", None)
     if note:
-        rows.append(("Calibration", note))
+        rows.append(("Engine at load", note))
     rows += [("Dtype", args.dtype), ("Device", args.device),
              ("Max batch size", args.max_batch_size if args.mode == "throughput" else 1),
              ("Temperature", args.temperature), ("Stop at EOS", args.stop_at_eos), ("Warmup requests", args.warmup),

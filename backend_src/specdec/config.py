@@ -26,6 +26,9 @@ class EngineConfig:
     max_seq_len: int = 1024  # prompt + output tokens per request (KV positions per slot)
     max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
     max_queue_size: int = 64  # requests waiting for a slot before new ones are refused
+    # KV-cache budget (memory.py): slots = min(max_batch_size, the ones that fit).
+    kv_cache_free_gpu_mem_fraction: float = 0.9  # of the GPU memory free after loading the weights
+    kv_cache_max_tokens: int = 0  # 0: no cap; else at most this many KV positions in all slots
     speculative_method: str = "none"
     eagle_dir: Optional[str] = None
     eagle3_dir: Optional[str] = None
@@ -82,6 +85,11 @@ class EngineConfig:
         for name in ("max_batch_size", "max_seq_len", "max_tokens_limit", "eagle_depth", "eagle_top_k"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parameter {name!r} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:
+            raise ConfigError(f"parameter 'kv_cache_free_gpu_mem_fraction' must be in (0, 1], "
+                              f"got {self.kv_cache_free_gpu_mem_fraction}")
+        if self.kv_cache_max_tokens < 0:
+            raise ConfigError(f"parameter 'kv_cache_max_tokens' must be >= 0, got {self.kv_cache_max_tokens}")
         if not (Path(self.base_model_dir) / "config.json").is_file():
             raise ConfigError(f"parameter 'base_model_dir': no config.json in {self.base_model_dir!r}")
         for name in ("eagle_dir", "eagle3_dir", "medusa_dir", "draft_model_dir"):

@@ -27,6 +27,7 @@ import torch
 from .config import EngineConfig
 from .errors import BusyError, ConfigError
 from .kv_cache import AttentionBatch, SlotAllocator
+from .memory import free_device_bytes, kv_budget
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
 from .models.layers import causal_mask
@@ -94,10 +95,21 @@ class Engine:
         self.max_context = min(config.max_seq_len, base_cfg.get("max_position_embeddings", config.max_seq_len))
         self.vocab_size = self.target.shape.vocab_size
         self.max_tokens_limit = config.max_tokens_limit
-        self.cache = self.target.new_cache(config.max_batch_size, self.max_context + 1)
-        self.slots = SlotAllocator(config.max_batch_size)
-        loaded = load_drafters(config, self.target, self.max_context + 1)
+        # Weights first (caches of one slot), then as many slots as the KV budget allows.
+        loaded = load_drafters(config, self.target, self.max_context + 1, slots=1)
         self.drafters = loaded.drafters
+        cached = [d for d in {id(d): d for d in loaded.drafters.values()}.values() if hasattr(d, "allocate")]
+        positions = self.max_context + 1
+        slot_bytes = self.target.new_cache(1, positions).kv.nbytes + sum(d.cache.kv.nbytes for d in cached)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.kv_budget = kv_budget(config.max_batch_size, slot_bytes, positions, config.kv_cache_max_tokens,
+                                   free_device_bytes(self.device), config.kv_cache_free_gpu_mem_fraction)
+        self.num_slots = self.kv_budget.slots
+        self.cache = self.target.new_cache(self.num_slots, positions)
+        for drafter in cached:
+            drafter.allocate(self.num_slots)
+        self.slots = SlotAllocator(self.num_slots)
         self.aux_layers = eagle3_feature_layers(self.target.shape.num_hidden_layers)
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
         self.metrics = EngineMetrics()
@@ -110,7 +122,7 @@ class Engine:
         self.owner = threading.current_thread()  # loaded here: the thread to run every step in
         self._stop = False
         self.policy.calibrate(self)
-        self.calibration_note = describe(self.policy)
+        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), describe(self.policy)]))
 
     # -- public API ----------------------------------------------------------------------
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
@@ -304,7 +316,9 @@ class Engine:
                         tree = DraftTree(tree.tokens[:room], tree.parents[:room],
                                          None if tree.draft_probs is None else tree.draft_probs[:room])
                     trees[i] = tree
-            self._verify(states, settings, trees)
+            t0 = time.perf_counter()
+            self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
+            self.policy.record_verify_time(B, max(t.num_nodes for t in trees), time.perf_counter() - t0)
 
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:

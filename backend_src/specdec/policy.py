@@ -3,21 +3,24 @@
 - `resolve` (at submit): the request's method and tree, from its overrides or the
   config; unknown methods, methods whose weights are not loaded and bad choices are
   the caller's error (InputError).
-- `calibrate` (at load): times the target forward for 1..max tokens (the cost model
-  of every later decision) and, when `eagle_total_tokens` is 0, chooses the EAGLE-2/3
-  tree size by timing generation with each candidate size (EAGLE-2's
-  `total_token=-1`, measured end to end with the drafter).
+- `calibrate` (at load): when `eagle_total_tokens` is 0, chooses the EAGLE-2/3 tree
+  size by timing generation with each candidate size (EAGLE-2's `total_token=-1`,
+  measured end to end with the drafter); with adaptive speculation on, measures the
+  step costs of `step_cost.StepCost` (verify forward by batch and tree size, drafting
+  by method and batch) and each drafter's acceptance.
 - `plan` (every step): adaptive speculation. The batch's speculating requests get
-  their full trees, halves, quarters, or none (plain decoding), whichever maximises
-  the step's expected tokens per second under the measured cost of the one verify
-  forward (which grows with batch size x largest tree) plus batched drafting.
-  Expected accepted tokens come from each request's running acceptance, so requests
-  whose drafts stop matching, and large batches, speculate less. A request whose
-  speculation is off probes it again every `PROBE_EVERY` steps. Requests that pinned
-  their tree size, and configs with `adaptive_speculation: false`, are left alone.
+  trees of N nodes (their full trees, halves, quarters, ... or none: plain decoding),
+  whichever N maximises the step's expected tokens per second under the measured
+  cost of the one verify forward (B requests x N nodes) plus batched drafting; the
+  costs follow what serving measures. Expected accepted tokens come from each
+  request's running acceptance, so requests whose drafts stop matching, and large
+  batches, speculate less. A request whose speculation is off probes it again every
+  `PROBE_EVERY` steps. Requests that pinned their tree size, and configs with
+  `adaptive_speculation: false`, are left alone.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -32,11 +35,13 @@ from .models.layers import causal_mask
 from .request import GenerationRequest, SamplingParams, SpecParams
 from .spec.base import TreeSettings
 from .spec.choices import static_tree
+from .step_cost import MAX_GRID_TOKENS, StepCost
 
 MAX_DEPTH = 12
 MAX_TOP_K = 16
 MAX_TREE = 128
 CALIBRATION_SIZES = (4, 8, 12, 16, 24, 32, 48, 64)
+CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
 PROBE_EVERY = 8  # steps between re-tries of a request whose speculation is off
 PRIOR_ACCEPT = 1.5  # accepted drafts per step assumed before a request has history
 EMA = 0.3  # weight of the newest observation in the running acceptance
@@ -59,10 +64,9 @@ class SpeculationPolicy:
         self.available: set[str] = {"none"} | set(drafters)
         self.total_tokens = config.eagle_total_tokens or 16
         self.calibration: dict[int, float] = {}  # EAGLE-2/3 tree size -> seconds per token
-        self.forward_cost: list[tuple[int, float]] = []  # (tokens in one forward, seconds)
-        self.draft_cost: dict[str, float] = {}  # method -> seconds of drafting per request-step (measured at load)
+        self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
-        self._recording: Optional[list[float]] = None
+        self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
 
     # -- at submit -----------------------------------------------------------------------
     def resolve(self, req: GenerationRequest) -> TreeSettings:
@@ -117,26 +121,31 @@ class SpeculationPolicy:
         """This step's settings per request (node budgets applied)."""
         budgets = [self.full_nodes(s.settings) for s in states]
         adaptive = [i for i, s in enumerate(states)
-                    if s.settings.method != "none" and not s.settings.pinned and self.forward_cost]
+                    if s.settings.method != "none" and not s.settings.pinned and self.cost.ready]
         for i in adaptive:
             stats = self._stats(states[i])
             if stats.off_steps and stats.off_steps % PROBE_EVERY != 0:
                 budgets[i] = 1  # stays off until its next probe
         # The verify forward pads every tree to the largest, so what matters is the
-        # batch's tree size: try the full trees, halves, quarters and none, keep the one
-        # with the most expected tokens per second.
+        # batch's tree size N: every adaptive request gets min(its full tree, N), for N
+        # from the largest full tree halving down to 2, or no tree (N = 1); the N with
+        # the most expected tokens per second under the measured costs wins.
         active = [i for i in adaptive if budgets[i] > 1]
         if active:
             full = {i: budgets[i] for i in active}
-            best, best_rate = 1.0, -1.0
-            for factor in (1.0, 0.5, 0.25, 0.0):
+            sizes, n = [], max(full.values())
+            while n >= 2:
+                sizes.append(n)
+                n //= 2
+            best, best_rate = 1, -1.0
+            for size in sizes + [1]:
                 for i in active:
-                    budgets[i] = 1 if factor == 0 else max(2, int(full[i] * factor))
+                    budgets[i] = min(full[i], size)
                 rate = self._rate(states, budgets)
                 if rate > best_rate * (1 + 1e-9):
-                    best, best_rate = factor, rate
+                    best, best_rate = size, rate
             for i in active:
-                budgets[i] = 1 if best == 0 else max(2, int(full[i] * best))
+                budgets[i] = min(full[i], best)
         out = []
         for s, n in zip(states, budgets):
             st = s.settings
@@ -168,11 +177,10 @@ class SpeculationPolicy:
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
-        # The verify forward pads every request's tree to the largest one.
-        cost = self.forward_seconds(len(budgets) * max(budgets))
-        # Drafting runs batched, one call per method: charged once per method in use.
-        cost += sum(self.draft_cost.get(m, 0.0) for m in {s.settings.method for s, n in zip(states, budgets) if n > 1})
-        return tokens / cost
+        drafting = collections.Counter(s.settings.method for s, n in zip(states, budgets) if n > 1)
+        cost = self.cost.verify_seconds(len(budgets), max(budgets))
+        cost += sum(self.cost.draft_seconds(m, k) for m, k in drafting.items())
+        return tokens / max(cost, 1e-9)
 
     def _stats(self, state) -> AdaptiveState:
         if state.adaptive is None:
@@ -187,68 +195,82 @@ class SpeculationPolicy:
         stats.nodes = drafted + 1
 
     def record_draft_time(self, method: str, seconds: float, requests: int) -> None:
-        if self._recording is not None:  # only while calibrating (see _time_drafters)
-            self._recording.append(seconds / max(1, requests))
+        """Every drafting call's wall time (the engine reports them all)."""
+        if self._recording is not None:  # calibrating: collected by _time_drafters
+            self._recording.append((requests, seconds))
+        else:
+            self.cost.observe_draft(method, requests, seconds)
 
-    def forward_seconds(self, tokens: int) -> float:
-        """Measured target forward time for `tokens` tokens in one step (interpolated)."""
-        pts = self.forward_cost
-        if tokens <= pts[0][0]:
-            return pts[0][1]
-        for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
-            if tokens <= n1:
-                return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
-        (n0, t0), (n1, t1) = pts[-2], pts[-1]
-        return t1 + (t1 - t0) * (tokens - n1) / (n1 - n0)
+    def record_verify_time(self, batch: int, nodes: int, seconds: float) -> None:
+        """Every verify step's wall time, from its forward to its emitted tokens."""
+        self.cost.observe_verify(batch, nodes, seconds)
 
     # -- at load -------------------------------------------------------------------------
     def calibrate(self, engine) -> None:
-        if self.config.adaptive_speculation and len(self.available) > 1:
-            self._time_forwards(engine)
         self._choose_total_tokens(engine)
-        if self.forward_cost:
+        if self.config.adaptive_speculation and len(self.available) > 1:
+            self._time_verify(engine)
             self._time_drafters(engine)
 
+    def _largest_tree(self) -> int:
+        sizes = [self.total_tokens, self.config.num_draft_tokens + 1]
+        sizes += [len(tree.parents) for tree in self.trees.values() if tree is not None]
+        return min(MAX_TREE, max(sizes))
+
+    def _time_verify(self, engine) -> None:
+        """The verify forward's time on the (batch, tree size) grid of the cost model, in
+        the engine's batched layout: B slots over a cached prefix, one tree mask each,
+        logits for every node (as `Engine._verify` computes them). Median of 3."""
+        target, dev = engine.target, engine.device
+        max_tree = min(self._largest_tree(), engine.max_context // 2)
+        batch_sizes, tree_sizes = StepCost.grid(engine.num_slots, max_tree)
+        self.cost = StepCost(batch_sizes, tree_sizes)
+        prefix_len = min(CALIBRATION_PREFIX, engine.max_context - max_tree - 1)
+        with torch.inference_mode():
+            for B in batch_sizes:
+                slots = torch.arange(B, device=dev)
+                prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)
+                for N in tree_sizes:
+                    if B * N > MAX_GRID_TOKENS and N > 1:
+                        break
+                    ids = torch.zeros(B, N, dtype=torch.long, device=dev)
+                    pos = prefix[:, None] + torch.arange(N, device=dev)[None]
+                    times = []
+                    for _ in range(4):  # the first run of a shape is a warm-up
+                        t0 = time.perf_counter()
+                        batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev))
+                        hidden, _ = target(ids, pos, engine.cache, batch)
+                        target.logits(hidden).argmax(-1).tolist()  # the host sync every step has
+                        times.append(time.perf_counter() - t0)
+                    self.cost.verify[(B, N)] = sorted(times[1:])[1]
+
     def _time_drafters(self, engine) -> None:
-        """Each drafter's cost per step and its acceptance, measured once at load on the
-        model's own greedy continuation of a BOS: the draft cost of the cost model (kept
-        fixed while serving: a step's drafting time also depends on how much the drafter
-        must catch up, which says nothing about the next step) and each method's prior."""
+        """Each drafter's acceptance (the prior of a new request's running acceptance)
+        and its drafting time per call, from real generations of the model's own greedy
+        continuation of a BOS: one request per method, and for the configured method
+        also batches of 4 and 16 requests (the others extrapolate proportionally to the
+        batch, a pessimistic guess that serving corrects)."""
         bos = [1]
         n = max(1, min(32, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
         seed_text = engine.generate(GenerationRequest("calibrate-text", bos, n, spec=SpecParams(method="none")))[0]
         prompt = bos + seed_text[:24]
         for method in sorted(self.available - {"none"}):
-            req = GenerationRequest(f"calibrate-{method}", prompt, n, spec=SpecParams(method=method))
-            self._recording = []
-            _, _, last = engine.generate(req)
-            times = self._recording[1:] or self._recording  # the first step also catches up the prompt
-            self._recording = None
-            if times:
-                self.draft_cost[method] = sorted(times)[len(times) // 2]
-            st = last.stats
-            if st.target_forwards:
-                self.prior_accept[method] = st.total_accepted_draft_tokens / st.target_forwards
-
-    def _time_forwards(self, engine) -> None:
-        """Target forward time per token count: the cost model of `plan`."""
-        target, dev = engine.target, engine.device
-        limit = min(engine.max_context - 1, self.config.max_batch_size * MAX_TREE // 2, 512)
-        sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if n <= limit]
-        slot = torch.tensor([0], device=dev)
-        with torch.inference_mode():
-            for n in sizes:
-                ids = torch.zeros(1, n, dtype=torch.long, device=dev)
-                batch = AttentionBatch.build(slot, torch.zeros(1, dtype=torch.long, device=dev),
-                                             causal_mask(1, n, dev))
-                pos = torch.arange(n, device=dev)[None]
-                best = float("inf")
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    hidden, _ = target(ids, pos, engine.cache, batch)
-                    target.logits(hidden).sum().item()  # sync: the timing must include the work
-                    best = min(best, time.perf_counter() - t0)
-                self.forward_cost.append((n, best))
+            batches = [1] + [b for b in (4, 16) if b <= engine.num_slots
+                             and method == self.config.speculative_method]
+            points: dict[int, float] = {}
+            for B in batches:
+                reqs = [GenerationRequest(f"calibrate-{method}-{B}-{j}", prompt, n, spec=SpecParams(method=method))
+                        for j in range(B)]
+                self._recording = []
+                last = _run_together(engine, reqs)
+                times = [t for b, t in self._recording[1:] if b == B]  # the first call also catches up the prompt
+                self._recording = None
+                if times:
+                    points[B] = sorted(times)[len(times) // 2]
+                st = last.stats
+                if B == 1 and st.target_forwards:
+                    self.prior_accept[method] = st.total_accepted_draft_tokens / st.target_forwards
+            self.cost.draft[method] = points
 
     def _choose_total_tokens(self, engine) -> None:
         """Chooses the EAGLE-2/3 tree size by timing generation, when not configured."""
@@ -271,10 +293,30 @@ class SpeculationPolicy:
         self.total_tokens = best
 
 
+def _run_together(engine, requests: list[GenerationRequest]):
+    """Submits the requests at once and steps the engine until all finished (load time:
+    the engine's loop is not running yet). Returns the first request's last output."""
+    last: dict[str, object] = {}
+
+    def emit_for(rid):
+        def emit(out):
+            if out.finished:
+                last[rid] = out
+        return emit
+
+    for r in requests:
+        engine.submit(r, emit_for(r.request_id))
+    while len(last) < len(requests):
+        engine.step()
+    return last[requests[0].request_id]
+
+
 def describe(policy: SpeculationPolicy) -> Optional[str]:
     """One line for the load log: the chosen tree size and the measured costs."""
-    if not policy.forward_cost and not policy.calibration:
-        return None
-    fwd = ", ".join(f"{n}:{t * 1e3:.1f}ms" for n, t in policy.forward_cost)
-    cal = ", ".join(f"{n}:{t * 1e3:.1f}ms/tok" for n, t in policy.calibration.items())
-    return f"forward cost [{fwd}]; eagle total_tokens {policy.total_tokens} [{cal}]"
+    parts = []
+    if policy.calibration:
+        cal = ", ".join(f"{n}:{t * 1e3:.1f}ms/tok" for n, t in policy.calibration.items())
+        parts.append(f"eagle total_tokens {policy.total_tokens} [{cal}]")
+    if policy.cost.ready:
+        parts.append(policy.cost.describe())
+    return "; ".join(parts) or None

@@ -35,7 +35,13 @@ class DraftModelDrafter:
     def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int):
         self.model = model
         # Room after the context for the chain and a batched catch-up's padding.
-        self.cache = model.new_cache(num_slots, max_seq_len + 2 * BATCHED_CATCH_UP + 32)
+        self._cache_len = max_seq_len + 2 * BATCHED_CATCH_UP + 32
+        self.allocate(num_slots)
+
+    def allocate(self, num_slots: int) -> None:
+        """(Re)allocates the draft model's KV cache for `num_slots` requests (at load)."""
+        self.cache = None
+        self.cache = self.model.new_cache(num_slots, self._cache_len)
 
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = DraftModelState(draft_len=0)  # the first catch-up reads the prompt

@@ -50,8 +50,14 @@ class EagleDrafter:
         self.target = target
         self.eagle3 = isinstance(head, Eagle3Head)
         self.needs_aux = self.eagle3
-        self.cache = head.new_cache(num_slots, max_seq_len + SCRATCH)
+        self._cache_len = max_seq_len + SCRATCH
+        self.allocate(num_slots)
         self._plans: dict = {}  # static tree -> _StaticPlan
+
+    def allocate(self, num_slots: int) -> None:
+        """(Re)allocates the head's KV cache for `num_slots` requests (at load)."""
+        self.cache = None
+        self.cache = self.head.new_cache(num_slots, self._cache_len)
 
     # -- state ---------------------------------------------------------------------------
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:

@@ -27,10 +27,11 @@ class LoadedDrafters:
     medusa_heads: int = 0
 
 
-def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int) -> LoadedDrafters:
+def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int, slots: int) -> LoadedDrafters:
+    """Drafters with KV caches of `slots` slots (the engine re-sizes them with
+    `allocate` once it knows how many fit)."""
     dtype, device = torch_dtype(config.dtype), target.lm_head.weight.device
     out = LoadedDrafters()
-    slots = config.max_batch_size
     try:
         if config.eagle_dir:
             head = EagleHead.from_pretrained(config.eagle_dir, config.base_model_dir, dtype, device)

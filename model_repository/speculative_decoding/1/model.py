@@ -85,6 +85,7 @@ class TritonPythonModel:
             params["device"] = f"cuda:{args['model_instance_device_id']}"
         # Loaded, and then stepping, in the engine's own thread (see Engine.launch).
         self.engine = Engine.launch(EngineConfig.from_params(params))  # ConfigError fails the load
+        self.logger.log_info(f"speculative_decoding: {self.engine.load_note}")
         self._export = CounterExport()
         self._export.skip(self.engine.metrics)  # load-time calibration is not traffic
         self._families = {spec.field: pb_utils.MetricFamily(name=spec.name, description=spec.description,

@@ -1,0 +1,133 @@
+"""What a decode step costs, measured: the cost model of adaptive speculation.
+
+A step is drafting (one batched call per method) plus ONE verify forward over the batch,
+every request's tree padded to the largest (`B x N` tokens). Both are measured:
+
+- at load, the verify forward is timed on a grid of batch sizes B (1, 2, 4, ...,
+  max_batch_size) and tree sizes N (1, 2, 4, ..., the largest tree), over a cached prefix
+  of representative length, in the engine's real batched layout (B cache slots, one
+  tree mask per request); drafting is timed per method from real generations (see
+  `policy.calibrate`);
+- while serving, every step's measured verify and draft times correct the load-time
+  numbers: each grid cell (and each method's batch bucket) keeps a running ratio
+  measured / predicted, so contexts longer than the calibration prefix, the sampling
+  and bookkeeping around the forward, and a drafter's real batched cost all end up in
+  the model.
+
+Between grid points costs are interpolated linearly in B and in N; past the grid the
+last segment's slope is extended. All times are seconds of wall clock.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Optional
+
+EMA = 0.1  # weight of one observation in a running measured/predicted ratio
+RATIO_CLAMP = (0.25, 8.0)  # one odd observation (a page fault, a GC pause) moves little
+MAX_GRID_TOKENS = 1024  # the verify grid stops at B x N tokens beyond this (then extrapolated)
+
+
+def _pow2_upto(limit: int) -> list[int]:
+    out, n = [], 1
+    while n < limit:
+        out.append(n)
+        n *= 2
+    out.append(limit)
+    return out
+
+
+def _interp(xs: list[int], ys: list[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys) (xs sorted, len >= 1), extended past both ends."""
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]  # one point: proportional (a pessimistic guess for x > xs[0])
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _nearest(xs: list[int], x: float) -> int:
+    """Index of the grid value nearest to x on a log scale."""
+    return min(range(len(xs)), key=lambda i: abs(math.log(xs[i]) - math.log(max(x, 1))))
+
+
+class StepCost:
+    def __init__(self, batch_sizes: list[int], tree_sizes: list[int]):
+        self.batch_sizes = batch_sizes  # B grid, ascending
+        self.tree_sizes = tree_sizes  # N grid, ascending
+        self.verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
+        self.draft: dict[str, dict[int, float]] = {}  # method -> {requests drafted: seconds per call}
+        self._verify_ratio: dict[tuple[int, int], float] = {}  # grid cell -> measured / predicted
+        self._draft_ratio: dict[tuple[str, int], float] = {}  # (method, B bucket) -> measured / predicted
+
+    @staticmethod
+    def grid(max_batch: int, max_tree: int) -> tuple[list[int], list[int]]:
+        return _pow2_upto(max_batch), _pow2_upto(max_tree)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.verify)
+
+    # -- predictions ---------------------------------------------------------------------
+    def _verify_curve(self, B: int) -> tuple[list[int], list[float]]:
+        """Load-time verify seconds against N for grid batch size B."""
+        ns = [n for n in self.tree_sizes if (B, n) in self.verify]
+        return ns, [self.verify[(B, n)] for n in ns]
+
+    def verify_seconds(self, batch: int, nodes: int) -> float:
+        """Predicted verify step for `batch` requests whose trees pad to `nodes`."""
+        rows = []
+        for B in self.batch_sizes:
+            ns, ts = self._verify_curve(B)
+            if ns:
+                rows.append((B, _interp(ns, ts, nodes)))
+        base = _interp([b for b, _ in rows], [t for _, t in rows], batch)
+        return base * self._verify_ratio.get(self._cell(batch, nodes), 1.0)
+
+    def draft_seconds(self, method: str, requests: int) -> float:
+        """Predicted drafting call of `method` for `requests` requests (0 if never timed)."""
+        points = self.draft.get(method)
+        if not points or requests <= 0:
+            return 0.0
+        bs = sorted(points)
+        base = _interp(bs, [points[b] for b in bs], requests)
+        return base * self._draft_ratio.get((method, self._bucket(requests)), 1.0)
+
+    # -- observations --------------------------------------------------------------------
+    def observe_verify(self, batch: int, nodes: int, seconds: float) -> None:
+        if not self.ready:
+            return
+        cell = self._cell(batch, nodes)
+        predicted = self.verify_seconds(batch, nodes) / self._verify_ratio.get(cell, 1.0)
+        self._verify_ratio[cell] = self._blend(self._verify_ratio.get(cell, 1.0), seconds, predicted)
+
+    def observe_draft(self, method: str, requests: int, seconds: float) -> None:
+        key = (method, self._bucket(requests))
+        if not self.draft.get(method):
+            return
+        predicted = self.draft_seconds(method, requests) / self._draft_ratio.get(key, 1.0)
+        self._draft_ratio[key] = self._blend(self._draft_ratio.get(key, 1.0), seconds, predicted)
+
+    @staticmethod
+    def _blend(ratio: float, seconds: float, predicted: float) -> float:
+        if predicted <= 0:
+            return ratio
+        lo, hi = RATIO_CLAMP
+        return (1 - EMA) * ratio + EMA * min(hi, max(lo, seconds / predicted))
+
+    def _cell(self, batch: int, nodes: int) -> tuple[int, int]:
+        return self.batch_sizes[_nearest(self.batch_sizes, batch)], self.tree_sizes[_nearest(self.tree_sizes, nodes)]
+
+    def _bucket(self, requests: int) -> int:
+        return self.batch_sizes[_nearest(self.batch_sizes, requests)]
+
+    def describe(self) -> Optional[str]:
+        if not self.ready:
+            return None
+        rows = []
+        for B in self.batch_sizes:
+            ns, ts = self._verify_curve(B)
+            rows.append(f"B{B}: " + " ".join(f"{n}:{t * 1e3:.1f}" for n, t in zip(ns, ts)))
+        drafts = "; ".join(f"{m} " + " ".join(f"B{b}:{t * 1e3:.1f}" for b, t in sorted(p.items()))
+                           for m, p in sorted(self.draft.items()))
+        return f"verify ms by batch and tree size [{'; '.join(rows)}]; draft ms [{drafts}]"

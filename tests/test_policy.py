@@ -1,0 +1,160 @@
+"""Adaptive speculation: the step-cost model, the policy's choices under known costs,
+and losslessness while trees change size (or vanish) from one step to the next.
+
+The choice tests give the policy a synthetic `StepCost` (no timing), so what they
+assert follows from the costs, not from this machine's speed."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from engine_helpers import code_prompts, make_engine, request, run_batch
+from specdec.config import EngineConfig
+from specdec.policy import SpeculationPolicy
+from specdec.spec.base import TreeSettings
+from specdec.step_cost import StepCost
+
+FULL = 16
+
+
+def synthetic_cost(per_token: float, fixed: float, draft_per_request: float, max_batch: int = 32) -> StepCost:
+    """Verify = fixed + per_token x (B x N); drafting = draft_per_request x requests."""
+    bs, ns = StepCost.grid(max_batch, FULL)
+    cost = StepCost(bs, ns)
+    for B in bs:
+        for N in ns:
+            cost.verify[(B, N)] = fixed + per_token * B * N
+    cost.draft["eagle2"] = {b: draft_per_request * b for b in bs}
+    return cost
+
+
+def policy_with(cost: StepCost, accept: float) -> SpeculationPolicy:
+    policy = SpeculationPolicy(EngineConfig(base_model_dir="unused", adaptive_speculation=True),
+                               {"eagle2": None}, {}, 0)
+    policy.cost = cost
+    policy.prior_accept["eagle2"] = accept
+    return policy
+
+
+def states(n: int) -> list:
+    return [SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None)
+            for _ in range(n)]
+
+
+def chosen_nodes(policy: SpeculationPolicy, batch: list) -> list[int]:
+    return [1 if st.method == "none" else st.total_tokens for st in policy.plan(batch)]
+
+
+def test_step_cost_interpolates_and_follows_measurements():
+    cost = synthetic_cost(per_token=1e-3, fixed=1e-2, draft_per_request=2e-3)
+    assert cost.verify_seconds(4, 8) == pytest.approx(1e-2 + 32e-3)
+    assert cost.verify_seconds(3, 8) == pytest.approx(1e-2 + 24e-3)  # between grid batch sizes
+    assert cost.verify_seconds(64, 16) > cost.verify_seconds(32, 16)  # past the grid: extended
+    assert cost.draft_seconds("eagle2", 6) == pytest.approx(12e-3)
+    assert cost.draft_seconds("medusa", 6) == 0.0  # never timed
+    before = cost.verify_seconds(8, 16)
+    for _ in range(100):  # serving keeps measuring twice the prediction
+        cost.observe_verify(8, 16, 2 * before)
+    assert cost.verify_seconds(8, 16) == pytest.approx(2 * before, rel=1e-3)
+    assert cost.verify_seconds(1, 1) == pytest.approx(1e-2 + 1e-3)  # other cells untouched
+    cost.observe_verify(1, 1, 1e9)  # one absurd observation moves a cell by a bounded step
+    assert cost.verify_seconds(1, 1) < 2 * (1e-2 + 1e-3)
+
+
+def test_cheap_verify_means_full_trees():
+    """Memory-bound regime (a GPU at small batch): N tokens cost about what one costs."""
+    policy = policy_with(synthetic_cost(per_token=1e-6, fixed=1e-2, draft_per_request=1e-4), accept=3.0)
+    for B in (1, 4, 16):
+        assert chosen_nodes(policy, states(B)) == [FULL] * B
+
+
+def test_expensive_verify_turns_speculation_off():
+    """Compute-bound regime: every verified token costs its full price."""
+    policy = policy_with(synthetic_cost(per_token=1e-2, fixed=0.0, draft_per_request=1e-3), accept=1.0)
+    assert chosen_nodes(policy, states(8)) == [1] * 8
+
+
+@pytest.mark.parametrize("accept", [1.0, 1.5, 3.0])
+def test_larger_batches_never_speculate_more(accept):
+    policy = policy_with(synthetic_cost(per_token=2e-4, fixed=5e-3, draft_per_request=1e-3), accept)
+    sizes = [chosen_nodes(policy, states(B))[0] for B in (1, 2, 4, 8, 16, 32)]
+    assert sizes == sorted(sizes, reverse=True), sizes
+    assert sizes[0] > sizes[-1]  # and the costs make it matter
+
+
+def test_choice_maximises_the_modelled_rate():
+    """Whatever it picks, no other batch tree size has a better modelled rate."""
+    rng = random.Random(0)
+    for _ in range(50):
+        cost = synthetic_cost(per_token=rng.uniform(1e-5, 1e-3), fixed=rng.uniform(1e-3, 2e-2),
+                              draft_per_request=rng.uniform(1e-4, 3e-3))
+        policy = policy_with(cost, accept=rng.uniform(0.2, 4.0))
+        batch = states(rng.choice([1, 3, 8, 20]))
+        picked = chosen_nodes(policy, batch)[0]
+        rate = {n: policy._rate(batch, [n] * len(batch)) for n in (1, 2, 4, 8, 16)}
+        assert rate[picked] >= max(rate.values()) * (1 - 1e-9), (picked, rate)
+
+
+def test_drafts_that_stop_matching_turn_off_then_probe():
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)
+    batch = states(1)
+    assert chosen_nodes(policy, batch) == [FULL]
+    for _ in range(30):  # nothing accepted, step after step
+        policy.observe(batch[0], drafted=FULL - 1, accepted=0)
+    picks = [chosen_nodes(policy, batch)[0] for _ in range(16)]
+    assert picks.count(1) >= 14  # off, except for a probe now and then
+
+
+def test_pinned_requests_keep_their_tree():
+    policy = policy_with(synthetic_cost(per_token=1e-3, fixed=0.0, draft_per_request=1.0), accept=0.1)
+    batch = states(4)
+    batch[0].settings.pinned = True
+    assert chosen_nodes(policy, batch) == [FULL, 1, 1, 1]
+
+
+def test_a_pinned_tree_makes_padding_free_for_the_others():
+    """The verify forward pads every tree to the largest: beside a pinned full tree
+    the others' trees cost only their drafting, so cheap drafts still pay."""
+    policy = policy_with(synthetic_cost(per_token=1e-2, fixed=0.0, draft_per_request=1e-3), accept=0.1)
+    batch = states(4)
+    assert chosen_nodes(policy, batch) == [1, 1, 1, 1]
+    batch = states(4)
+    batch[0].settings.pinned = True
+    assert chosen_nodes(policy, batch) == [FULL] * 4
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return code_prompts(6, max_tokens=64)
+
+
+def test_changing_trees_every_step_stays_lossless(prompts):
+    """Random node budgets (none included) per request per step, for every method:
+    drafters catch up after plain steps and greedy output never changes."""
+    engine = make_engine(dtype="float64", max_batch_size=6)
+    methods = ["eagle2", "eagle3", "eagle", "medusa", "draft_model", "none"]
+    plain = run_batch(engine, [request(p, 40, rid=f"p{i}") for i, p in enumerate(prompts)])
+    rng = random.Random(1)
+    real_plan = engine.policy.plan
+
+    def chaotic_plan(batch):
+        out = []
+        for s, st in zip(batch, real_plan(batch)):
+            full = engine.policy.full_nodes(s.settings)
+            n = rng.choice([1, 2, 3, full // 2, full]) if full > 1 else 1
+            out.append(TreeSettings(method="none") if n <= 1 else engine.policy._shrunk(st, max(2, n)))
+        return out
+
+    engine.policy.plan = chaotic_plan
+    spec = run_batch(engine, [request(p, 40, methods[i], rid=f"p{i}") for i, p in enumerate(prompts)])
+    assert spec == plain
+
+
+def test_adaptive_engine_is_lossless_and_measures_costs(prompts):
+    engine = make_engine(dtype="float64", max_batch_size=4, adaptive_speculation=True)
+    assert engine.policy.cost.ready and engine.policy.cost.draft["eagle2"]
+    plain = [engine.generate(request(p, 40))[0] for p in prompts[:4]]
+    spec = run_batch(engine, [request(p, 40, "eagle2", rid=f"s{i}") for i, p in enumerate(prompts[:4])])
+    assert [spec[f"s{i}"] for i in range(4)] == plain
