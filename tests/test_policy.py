@@ -97,14 +97,38 @@ def test_choice_maximises_the_modelled_rate():
         assert rate[picked] >= max(rate.values()) * (1 - 1e-9), (picked, rate)
 
 
-def test_drafts_that_stop_matching_turn_off_then_probe():
+def run_steps(policy: SpeculationPolicy, batch: list, accepted: list[int]) -> list[int]:
+    """Plans len(accepted) steps of one request, observing accepted[k] at step k if it
+    speculated; returns the node budget of each step."""
+    picks = []
+    for a in accepted:
+        n = chosen_nodes(policy, batch)[0]
+        if n > 1:
+            policy.observe(batch[0], drafted=n - 1, accepted=a)
+        picks.append(n)
+    return picks
+
+
+def test_drafts_that_never_match_turn_off_and_probe_ever_more_rarely():
     policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)
-    batch = states(1)
-    assert chosen_nodes(policy, batch) == [FULL]
-    for _ in range(30):  # nothing accepted, step after step
-        policy.observe(batch[0], drafted=FULL - 1, accepted=0)
-    picks = [chosen_nodes(policy, batch)[0] for _ in range(16)]
-    assert picks.count(1) >= 14  # off, except for a probe now and then
+    picks = run_steps(policy, states(1), [0] * 128)
+    probes = [k for k, n in enumerate(picks) if n > 1]
+    assert picks[0] == FULL and 3 <= len(probes) <= 12, probes
+    gaps = [b - a for a, b in zip(probes[-4:], probes[-3:])]
+    assert gaps == sorted(gaps) and gaps[-1] >= 16, probes  # exponential backoff
+
+
+def test_bursty_acceptance_keeps_speculating():
+    """Code: a step that accepts nothing between steps that accept a lot."""
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)
+    picks = run_steps(policy, states(1), [6, 0, 5, 0, 0, 7, 4, 0, 6, 5] * 4)
+    assert all(n == FULL for n in picks)
+
+
+def test_a_request_whose_drafts_start_matching_again_gets_its_tree_back():
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)
+    picks = run_steps(policy, states(1), [0] * 12 + [8] * 40)
+    assert 1 in picks[:12] and picks[-10:] == [FULL] * 10
 
 
 def test_pinned_requests_keep_their_tree():

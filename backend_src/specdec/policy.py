@@ -13,10 +13,11 @@
   whichever N maximises the step's expected tokens per second under the measured
   cost of the one verify forward (B requests x N nodes) plus batched drafting; the
   costs follow what serving measures. Expected accepted tokens come from each
-  request's running acceptance, so requests whose drafts stop matching, and large
-  batches, speculate less. A request whose speculation is off probes it again every
-  `PROBE_EVERY` steps. Requests that pinned their tree size, and configs with
-  `adaptive_speculation: false`, are left alone.
+  request's recent acceptance, starting from its method's (`AdaptiveState`), so
+  requests whose drafts stop matching, and large batches, speculate less. A request
+  whose speculation is off probes it again after `FIRST_BACKOFF` steps, waiting twice
+  as long after each probe that accepted nothing. Requests that pinned their tree
+  size, and configs with `adaptive_speculation: false`, are left alone.
 """
 from __future__ import annotations
 
@@ -42,18 +43,37 @@ MAX_TOP_K = 16
 MAX_TREE = 128
 CALIBRATION_SIZES = (4, 8, 12, 16, 24, 32, 48, 64)
 CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
-PROBE_EVERY = 8  # steps between re-tries of a request whose speculation is off
-PRIOR_ACCEPT = 1.5  # accepted drafts per step assumed before a request has history
-EMA = 0.3  # weight of the newest observation in the running acceptance
+PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was not measured
+PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many observed steps
+DECAY = 0.8  # each new observation keeps this much of the older ones' weight (~5-step memory)
+FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
+MAX_BACKOFF = 64  # ... doubled after each probe that accepted nothing, up to this
 
 
 @dataclasses.dataclass
 class AdaptiveState:
-    """Per-request running statistics (kept on the RequestState)."""
+    """Per-request acceptance (kept on the RequestState), counted in full-tree
+    equivalents: `a` drafts accepted from an n-node tree count as
+    a x log2(full) / log2(n) (deeper levels of a tree add less and less)."""
 
-    accept: float = PRIOR_ACCEPT  # EMA of accepted drafts per speculative step
-    nodes: int = 0  # node budget the EMA was measured at
+    prior: float  # the method's accepted drafts per full-tree step, measured at load
+    mean: float  # exponentially weighted mean; starts at the prior
+    weight: float = PRIOR_WEIGHT  # total weight behind the mean (the prior's, at first)
     off_steps: int = 0  # consecutive steps without speculation
+    backoff: int = FIRST_BACKOFF  # off steps before the next probe
+    probing: bool = False  # this step's speculation is a probe after being off
+
+    def estimate(self) -> float:
+        """Expected full-tree acceptance; at a probe the stale mean gives way to the prior
+        (the probe is judged as a new request would be)."""
+        return self.prior if self.off_steps >= self.backoff else self.mean
+
+    def observe(self, full_equivalent: float) -> None:
+        """Older observations (and the prior) keep DECAY of their weight: the mean
+        follows the last ~5 steps, so one bad step among good ones (code) does not
+        switch speculation off, and drafts that stopped matching do."""
+        self.weight = DECAY * self.weight + 1.0
+        self.mean += (full_equivalent - self.mean) / self.weight
 
 
 class SpeculationPolicy:
@@ -124,7 +144,7 @@ class SpeculationPolicy:
                     if s.settings.method != "none" and not s.settings.pinned and self.cost.ready]
         for i in adaptive:
             stats = self._stats(states[i])
-            if stats.off_steps and stats.off_steps % PROBE_EVERY != 0:
+            if 0 < stats.off_steps < stats.backoff:
                 budgets[i] = 1  # stays off until its next probe
         # The verify forward pads every tree to the largest, so what matters is the
         # batch's tree size N: every adaptive request gets min(its full tree, N), for N
@@ -150,7 +170,9 @@ class SpeculationPolicy:
         for s, n in zip(states, budgets):
             st = s.settings
             stats = self._stats(s)
-            stats.off_steps = stats.off_steps + 1 if (n <= 1 and st.method != "none") else 0
+            if st.method != "none":
+                stats.probing = n > 1 and stats.off_steps > 0
+                stats.off_steps = stats.off_steps + 1 if n <= 1 else 0
             if n <= 1 and st.method != "none":
                 out.append(dataclasses.replace(st, method="none"))
             elif n < self.full_nodes(st):
@@ -167,13 +189,10 @@ class SpeculationPolicy:
         return dataclasses.replace(st, budget=n)  # static trees: verified prefix of n nodes
 
     def _expected_accept(self, state, nodes: int) -> float:
-        """Expected accepted drafts with a `nodes` budget, scaled from the running
-        acceptance by log(nodes) (deeper levels of a tree add less and less)."""
+        """Expected accepted drafts with a `nodes` budget."""
         if nodes <= 1:
             return 0.0
-        stats = self._stats(state)
-        ref = stats.nodes or self.full_nodes(state.settings)
-        return stats.accept * math.log2(nodes) / max(1e-9, math.log2(max(ref, 2)))
+        return self._stats(state).estimate() * _depth_share(nodes, self.full_nodes(state.settings))
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
@@ -184,15 +203,17 @@ class SpeculationPolicy:
 
     def _stats(self, state) -> AdaptiveState:
         if state.adaptive is None:
-            state.adaptive = AdaptiveState(accept=self.prior_accept.get(state.settings.method, PRIOR_ACCEPT))
+            prior = self.prior_accept.get(state.settings.method, PRIOR_ACCEPT)
+            state.adaptive = AdaptiveState(prior=prior, mean=prior)
         return state.adaptive
 
     def observe(self, state, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
         stats = self._stats(state)
-        stats.accept = (1 - EMA) * stats.accept + EMA * accepted
-        stats.nodes = drafted + 1
+        stats.observe(accepted / _depth_share(drafted + 1, self.full_nodes(state.settings)))
+        if stats.probing:  # a probe that accepted nothing: wait twice as long for the next
+            stats.backoff = min(MAX_BACKOFF, 2 * stats.backoff) if accepted == 0 else FIRST_BACKOFF
 
     def record_draft_time(self, method: str, seconds: float, requests: int) -> None:
         """Every drafting call's wall time (the engine reports them all)."""
@@ -291,6 +312,11 @@ class SpeculationPolicy:
             if per_token < best_t:
                 best, best_t = size, per_token
         self.total_tokens = best
+
+
+def _depth_share(nodes: int, full: int) -> float:
+    """Share of a full tree's accepted drafts that an n-node tree keeps (log scale)."""
+    return math.log2(max(nodes, 1)) / max(1e-9, math.log2(max(full, 2)))
 
 
 def _run_together(engine, requests: list[GenerationRequest]):
