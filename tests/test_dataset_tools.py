@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -190,11 +191,34 @@ def test_fixture_json_and_csv_agree():
 
 
 def test_directory_lookup_prefers_json_and_reports_missing(tmp_path):
-    assert gpc.find_export(FIXTURES / "plain").name == "profile_export_genai_perf.json"
+    exports = gpc.find_exports(FIXTURES / "plain")
+    assert list(exports) == ["concurrency1"] and exports["concurrency1"].name == "profile_export_genai_perf.json"
     with pytest.raises(gpc.CompareError, match="no profile_export_genai_perf"):
-        gpc.find_export(tmp_path)
+        gpc.find_exports(tmp_path)
+    with pytest.raises(gpc.CompareError, match="2 runs for concurrency1 inside"):
+        gpc.find_exports(FIXTURES)
+
+
+def test_a_label_folder_holds_one_run_per_stimulus(tmp_path, capsys):
+    """`profile` writes <out>/<label>/<stimulus>/<model>-triton-<backend>-<stimulus>/; compare pairs stimuli."""
+    for label in ("plain", "eagle2"):
+        src = next((FIXTURES / label).iterdir())
+        for stim in ("concurrency1", "request_rate0.4"):
+            shutil.copytree(src, tmp_path / label / stim / f"ensemble-triton-tensorrtllm-{stim}")
+    assert set(gpc.load_runs(tmp_path / "plain")) == {"concurrency1", "request_rate0.4"}
     with pytest.raises(gpc.CompareError, match="2 runs inside"):
-        gpc.find_export(FIXTURES)
+        gpc.load_run(tmp_path / "plain")
+    out, md = tmp_path / "cmp.json", tmp_path / "cmp.md"
+    assert gpc.main(["compare", f"plain={tmp_path / 'plain'}", f"eagle2={tmp_path / 'eagle2'}",
+                     "--json-out", str(out), "--markdown", str(md)]) == 0
+    assert set(json.loads(out.read_text())) == {"concurrency1", "request_rate0.4"}
+    text = md.read_text()
+    assert "**request_rate0.4**" in text and "| metric | stat | plain | eagle2 | eagle2/plain |" in text
+    assert "| request_count (count) | avg | 10.00 | 10.00 | 1.000x |" in text
+    assert "Command: `python tools/genai_perf_compare.py compare plain=" in text and "\nDate: " in text
+    shutil.rmtree(tmp_path / "eagle2" / "request_rate0.4")
+    assert gpc.main(["compare", f"plain={tmp_path / 'plain'}", f"eagle2={tmp_path / 'eagle2'}"]) == 2
+    assert "request_rate0.4: no run for eagle2" in capsys.readouterr().err
 
 
 def test_csv_telemetry_blocks_are_skipped(tmp_path):
@@ -215,7 +239,7 @@ def test_comparison_table_ratios_against_first_label(tmp_path, capsys):
     for metric in ("request_latency", "output_sequence_length", "input_sequence_length",
                    "output_token_throughput", "request_throughput"):
         assert metric in table
-    export = json.loads(out.read_text())["compare"]
+    export = json.loads(out.read_text())["concurrency1"]
     runs = export["runs"]
     row = next(r for r in export["rows"] if r["metric"] == "request_latency" and r["stat"] == "p99")
     assert row["ratios"]["eagle2"] == pytest.approx(
@@ -234,19 +258,45 @@ def test_compare_rejects_bad_specs(capsys):
 
 def test_genai_perf_command_has_the_tutorial_shape(tmp_path):
     args = argparse.Namespace(model="ensemble", tokenizer="checkpoints/base", no_streaming=False,
-                              input_file="q.jsonl", output_tokens_mean=128, genai_perf_args="--request-count 80")
+                              input_file="q.jsonl", output_tokens_mean=128, request_count=80,
+                              output_tokens_mean_deterministic=True, genai_perf_args="--random-seed 7")
     venv = tmp_path / "venv"
     cmd = gpc.genai_perf_command(args, venv, "localhost:8001", ("concurrency", "1"), tmp_path / "a")
     assert cmd[:2] == [str(venv / "bin" / "genai-perf"), "profile"]
     line = " ".join(cmd[2:])
     for part in ("-m ensemble", "--endpoint-type kserve", "--backend tensorrtllm", "--tokenizer checkpoints/base",
                  "--url localhost:8001", "--concurrency 1", "--streaming", "--input-file q.jsonl",
-                 "--output-tokens-mean 128", "--request-count 80", f"--artifact-dir {tmp_path / 'a'}"):
+                 "--output-tokens-mean 128 --output-tokens-mean-deterministic", "--request-count 80",
+                 "--random-seed 7", f"--artifact-dir {tmp_path / 'a'}"):
         assert part in line
     cmd = gpc.genai_perf_command(args, venv, "h:9001", ("request_rate", "2.0"), tmp_path / "b")
-    assert "--request-rate 2.0" in " ".join(cmd)
+    assert "--request-rate 2.0" in " ".join(cmd) and "--request-count 80" in " ".join(cmd)
     assert gpc.parse_label("eagle2", "localhost:8001") == ("eagle2", "localhost:8001")
     assert gpc.parse_label("plain=h:9001", "localhost:8001") == ("plain", "h:9001")
+
+
+def test_measurement_follows_perf_analyzers_rules():
+    """Warm-up only under concurrency (a request-rate warm-up never ends); a rate below 1
+    cannot be measured by request count, so it takes the time windows or is refused."""
+    args = argparse.Namespace(request_count=40, measurement_interval=30000, warmup_request_count=2)
+    assert gpc.measurement_args(args, ("concurrency", "1")) == [
+        "--warmup-request-count", "2", "--request-count", "40"]
+    assert gpc.measurement_args(args, ("request_rate", "2.0")) == ["--request-count", "40"]
+    assert gpc.measurement_args(args, ("request_rate", "0.4")) == ["--measurement-interval", "30000"]
+    args.measurement_interval = None
+    with pytest.raises(gpc.CompareError, match="below 1"):
+        gpc.measurement_args(args, ("request_rate", "0.4"))
+    assert gpc.measurement_args(argparse.Namespace(), ("concurrency", "1")) == []
+
+
+def test_profile_refuses_measurement_flags_in_passthrough(tmp_path, capsys):
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "genai-perf").touch()
+    base = ["--venv", str(tmp_path / "venv"), "profile", "--label", "plain", "--tokenizer", str(tmp_path)]
+    assert gpc.main(base + ["--genai-perf-args", "--request-count 80"]) == 2
+    assert "use this tool's --request-count" in capsys.readouterr().err
+    assert gpc.main(base + ["--request-rate", "0.5", "--request-count", "40"]) == 2
+    assert "give --measurement-interval" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- plots

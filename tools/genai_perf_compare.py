@@ -9,15 +9,27 @@ It starts no server: each label points at one that is already running.
     #       + nvidia-cuda-runtime-cu12 + Debian's libb64-0d
     python tools/genai_perf_compare.py install
 
-    # plain and EAGLE-2 servers side by side (or one port, --pause between labels)
+    # plain and EAGLE-2 servers side by side (or one port, --pause between labels,
+    # or one label per call: tools/genai_perf_run.sh starts each server in turn)
     python tools/genai_perf_compare.py profile --tokenizer checkpoints/base \\
         --label plain=localhost:8001 --label eagle2=localhost:9001 \\
         --input-file converted.jsonl --concurrency 1 --request-rate 2 \\
-        --out-dir artifacts/compare
+        --request-count 40 --warmup-request-count 2 --out-dir artifacts/compare
 
-    # re-read finished runs (label=artifact dir, export file, or its folder)
+    # re-read finished runs: LABEL=PATH, PATH an export file, one run's folder, or a
+    # label's folder of `profile` (every stimulus in it is compared)
     python tools/genai_perf_compare.py compare \\
-        plain=artifacts/compare/plain/concurrency1 eagle2=artifacts/compare/eagle2/concurrency1
+        plain=artifacts/compare/plain eagle2=artifacts/compare/eagle2 --markdown cmp.md
+
+Measurement, as perf_analyzer 2.51 (tritonclient 2.51.0) allows it:
+- `--request-count N` measures N requests (concurrency runs, and request rates >= 1).
+- A request rate below 1 needs `--measurement-interval MS` (3 windows of MS): with a
+  single `--request-rate-range R` perf_analyzer keeps its default end 1.0, so R < 1
+  is "multiple request-rate values" and `--request-count` is refused (GenAI-Perf
+  passes one, 10, unless told otherwise).
+- `--warmup-request-count` goes to concurrency runs only: with a request rate,
+  perf_analyzer 2.51 never leaves the warm-up; it keeps sending at the rate until
+  killed, and the server goes on decoding what it was sent.
 
 Where 0.0.16 writes (`config/generate/perf_analyzer_config.py`, `export_data/`):
 `<--artifact-dir>/<model>-triton-<backend>-<stimulus>/profile_export_genai_perf.json`
@@ -26,13 +38,17 @@ Where 0.0.16 writes (`config/generate/perf_analyzer_config.py`, `export_data/`):
 `Metric,avg,min,max,p99,...,p1` with names like `Request Latency (ms)` and
 thousands separators, a blank line, then a `Metric,Value` block for
 `Output Token Throughput (tokens/sec)`, `Request Throughput (per sec)`,
-`Request Count (count)`). The JSON is read when present, the CSV otherwise.
-Ratios in the table are each label's value over the first label's.
+`Request Count (count)`). The JSON is read when present, the CSV otherwise. The
+stimulus of a run is its folder name's last part (`concurrency1`, `request_rate0.4`).
+Ratios in the table are each label's value over the first label's. Sequence lengths
+are GenAI-Perf's: the streamed text re-tokenized with `--tokenizer`, so they can be
+below the tokens the server generated (runs of spaces merge into one token).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import json
 import os
 import shlex
@@ -57,6 +73,7 @@ TABLE_METRICS = (
     ("input_sequence_length", "tokens", PERCENTILE_STATS),
     ("output_token_throughput", "tokens/s", ("avg",)),
     ("request_throughput", "req/s", ("avg",)),
+    ("request_count", "count", ("avg",)),
 )
 REQUIRED_METRICS = ("request_latency", "output_sequence_length", "input_sequence_length",
                     "output_token_throughput", "request_throughput")
@@ -111,24 +128,34 @@ def read_export_csv(path: Path) -> dict[str, dict[str, float]]:
     return metrics
 
 
-def find_export(path: str | Path) -> Path:
-    """The export file for one run: a file, or the one under a directory."""
+def stimulus_of(export: Path) -> str:
+    """'.../ensemble-triton-tensorrtllm-request_rate0.4/x.json' -> 'request_rate0.4'."""
+    return export.parent.name.rsplit("-", 1)[-1]
+
+
+def find_exports(path: str | Path) -> dict[str, Path]:
+    """{stimulus: export file} for a file, one run's folder, or a folder of runs.
+
+    JSON exports are preferred; CSV is used where a run has no JSON."""
     path = Path(path)
     if path.is_file():
-        return path
+        return {stimulus_of(path): path}
     if not path.is_dir():
         raise CompareError(f"{path}: no such file or directory")
-    for suffix in (".json", ".csv"):
-        found = sorted(path.rglob(EXPORT_STEM + suffix))
-        if len(found) > 1:
-            raise CompareError(f"{path}: {len(found)} runs inside ({', '.join(map(str, found))}); pass one")
-        if found:
-            return found[0]
-    raise CompareError(f"{path}: no {EXPORT_STEM}.json or .csv inside (did genai-perf finish?)")
+    found: dict[str, Path] = {}
+    runs = {p.parent: p for p in sorted(path.rglob(EXPORT_STEM + ".csv"))}
+    runs.update({p.parent: p for p in sorted(path.rglob(EXPORT_STEM + ".json"))})
+    for run_dir, export in sorted(runs.items()):
+        stim = stimulus_of(export)
+        if stim in found:
+            raise CompareError(f"{path}: 2 runs for {stim} inside ({found[stim].parent}, {run_dir}); pass one")
+        found[stim] = export
+    if not found:
+        raise CompareError(f"{path}: no {EXPORT_STEM}.json or .csv inside (did genai-perf finish?)")
+    return found
 
 
-def load_run(path: str | Path) -> dict[str, dict[str, float]]:
-    export = find_export(path)
+def load_export(export: Path) -> dict[str, dict[str, float]]:
     try:
         metrics = read_export_json(export) if export.suffix == ".json" else read_export_csv(export)
     except (OSError, ValueError) as exc:
@@ -137,6 +164,33 @@ def load_run(path: str | Path) -> dict[str, dict[str, float]]:
     if missing:
         raise CompareError(f"{export}: missing metrics {missing}")
     return metrics
+
+
+def load_runs(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
+    """{stimulus: metrics} for every run under `path` (see `find_exports`)."""
+    return {stim: load_export(export) for stim, export in find_exports(path).items()}
+
+
+def load_run(path: str | Path) -> dict[str, dict[str, float]]:
+    """The metrics of the one run at `path`."""
+    runs = find_exports(path)
+    if len(runs) > 1:
+        raise CompareError(f"{path}: {len(runs)} runs inside ({', '.join(runs)}); pass one")
+    return load_export(next(iter(runs.values())))
+
+
+def by_stimulus(labelled: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]:
+    """{label: {stimulus: metrics}} -> {stimulus: {label: metrics}}, stimuli of the
+    first label; every other label must have each of them."""
+    labels = list(labelled)
+    results: dict[str, dict[str, dict]] = {}
+    for stim in labelled[labels[0]]:
+        lacking = [label for label in labels if stim not in labelled[label]]
+        if lacking:
+            raise CompareError(f"{stim}: no run for {', '.join(lacking)} "
+                               f"({lacking[0]} has {', '.join(sorted(labelled[lacking[0]])) or 'none'})")
+        results[stim] = {label: labelled[label][stim] for label in labels}
+    return results
 
 
 # ---------------------------------------------------------------- table
@@ -183,6 +237,20 @@ def format_table(rows: list[dict]) -> str:
         lines.append("  ".join(cells))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_markdown(rows: list[dict]) -> str:
+    """The same table in Markdown; values with GenAI-Perf's own 2 decimals."""
+    labels = list(rows[0]["values"])
+    others = labels[1:]
+    lines = ["| metric | stat | " + " | ".join(labels + [f"{o}/{labels[0]}" for o in others]) + " |",
+             "| --- | --- |" + " ---: |" * (len(labels) + len(others))]
+    for r in rows:
+        cells = [f"{r['metric']} ({r['unit']})", r["stat"]]
+        cells += ["n/a" if r["values"][label] is None else f"{r['values'][label]:,.2f}" for label in labels]
+        cells += ["n/a" if r["ratios"][o] is None else f"{r['ratios'][o]:.3f}x" for o in others]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -266,7 +334,33 @@ def genai_perf_command(args: argparse.Namespace, venv: Path, url: str, stimulus:
         cmd += ["--input-file", str(args.input_file)]
     if args.output_tokens_mean:
         cmd += ["--output-tokens-mean", str(args.output_tokens_mean)]
-    return cmd + shlex.split(args.genai_perf_args)
+        if getattr(args, "output_tokens_mean_deterministic", False):
+            cmd.append("--output-tokens-mean-deterministic")  # min_length = max_tokens
+    return cmd + measurement_args(args, stimulus) + shlex.split(args.genai_perf_args)
+
+
+# Routed per stimulus by measurement_args, so not accepted in --genai-perf-args.
+MEASUREMENT_FLAGS = ("--request-count", "--num-requests", "--measurement-interval", "-p",
+                     "--warmup-request-count", "--num-warmup-requests")
+
+
+def measurement_args(args: argparse.Namespace, stimulus: tuple[str, str]) -> list[str]:
+    """How long one stimulus is measured (see the module docstring for perf_analyzer's rules)."""
+    kind, value = stimulus
+    rate = float(value) if kind == "request_rate" else None
+    out = []
+    if rate is None and getattr(args, "warmup_request_count", None):
+        out += ["--warmup-request-count", str(args.warmup_request_count)]
+    request_count = getattr(args, "request_count", None)
+    interval = getattr(args, "measurement_interval", None)
+    if request_count and (rate is None or rate >= 1):
+        out += ["--request-count", str(request_count)]
+    elif interval:
+        out += ["--measurement-interval", str(interval)]
+    elif rate is not None and rate < 1:
+        raise CompareError(f"--request-rate {value}: perf_analyzer 2.51 refuses a request count with a rate "
+                           f"below 1 (GenAI-Perf sends 10 by default); give --measurement-interval MS")
+    return out
 
 
 def profile(args: argparse.Namespace) -> dict[str, dict]:
@@ -281,6 +375,14 @@ def profile(args: argparse.Namespace) -> dict[str, dict]:
     stimuli = [("concurrency", str(c)) for c in args.concurrency or []]
     stimuli += [("request_rate", str(r)) for r in args.request_rate or []]
     stimuli = stimuli or [("concurrency", "1")]
+    routed = [a for a in shlex.split(args.genai_perf_args) if a.split("=", 1)[0] in MEASUREMENT_FLAGS]
+    if routed:
+        raise CompareError(f"--genai-perf-args {' '.join(routed)}: use this tool's --request-count, "
+                           f"--measurement-interval and --warmup-request-count (chosen per stimulus)")
+    for stimulus in stimuli:
+        measurement_args(args, stimulus)  # refuse an impossible measurement before any run
+    # GenAI-Perf's table is drawn for the terminal width: 80 columns when logged to a file.
+    env = {**run_env(venv), "COLUMNS": os.environ.get("COLUMNS", "160")}
     out_dir = Path(args.out_dir)
     results: dict[str, dict] = {}
     for name, url in labels:
@@ -293,23 +395,45 @@ def profile(args: argparse.Namespace) -> dict[str, dict]:
             cmd = genai_perf_command(args, venv, url, (kind, value), artifact_dir)
             print(f"[{name} {stim}] {shlex.join(cmd)}", file=sys.stderr)
             # genai-perf prints its own table and logs: keep stdout for the comparison.
-            done = subprocess.run(cmd, env=run_env(venv), stdout=sys.stderr, check=False)
+            done = subprocess.run(cmd, env=env, stdout=sys.stderr, check=False)
             if done.returncode != 0:
                 raise CompareError(f"[{name} {stim}] genai-perf exited with {done.returncode}")
             results.setdefault(stim, {})[name] = load_run(artifact_dir)
     return results
 
 
-def report(results: dict[str, dict], json_out: Path | None) -> str:
-    """Prints one table per stimulus; writes {stimulus: {runs, rows}} as JSON."""
-    texts, export = [], {}
+def provenance(argv: list[str], venv: Path) -> str:
+    """Command, client machine and date lines for a Markdown table (as tools/bench.py writes)."""
+    genai_perf = venv / "bin" / "genai-perf"
+    version = subprocess.run([str(genai_perf), "--version"], capture_output=True, text=True,
+                             check=False).stdout.strip() if genai_perf.exists() else "genai-perf (not found)"
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return (f"Command: `python tools/genai_perf_compare.py {shlex.join(argv)}`  \n"
+            f"Client: {version} on {cpu} ({cores} usable cores)  \nDate: {date}")
+
+
+def report(results: dict[str, dict], json_out: Path | None, markdown: Path | None = None,
+           footer: str = "") -> str:
+    """Returns one table per stimulus; writes {stimulus: {runs, rows}} as JSON and the
+    tables (then `footer`) as Markdown."""
+    texts, export, md = [], {}, []
     for stim, runs in results.items():
         rows = compare(runs)
         texts.append(f"== {stim} ==\n{format_table(rows)}")
+        md.append(f"**{stim}**\n\n{format_markdown(rows)}")
         export[stim] = {"runs": runs, "rows": rows}
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(export, indent=2))
+    md_text = "\n\n".join(md + ([footer] if footer else [])) + "\n"
+    for path, text in ((json_out, json.dumps(export, indent=2) + "\n"), (markdown, md_text)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
     return "\n\n".join(texts)
 
 
@@ -326,17 +450,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-m", "--model", default="ensemble")
     p.add_argument("--input-file", help="GenAI-Perf input JSONL (tools/dataset_converter.py); default synthetic")
     p.add_argument("--output-tokens-mean", type=int, default=None)
+    p.add_argument("--output-tokens-mean-deterministic", action="store_true",
+                   help="every request generates exactly --output-tokens-mean tokens (sends min_length)")
     p.add_argument("--concurrency", type=int, nargs="+", help="one run per value (default: 1)")
     p.add_argument("--request-rate", type=float, nargs="+", help="one run per value")
     p.add_argument("--no-streaming", action="store_true", help="drop --streaming (no TTFT/ITL)")
-    p.add_argument("--genai-perf-args", default="", help="extra arguments, e.g. '--request-count 80'")
+    p.add_argument("--request-count", type=int, help="requests measured per run (concurrency; rates >= 1)")
+    p.add_argument("--measurement-interval", type=int, metavar="MS",
+                   help="time windows instead (rates below 1 need it; used where --request-count is not)")
+    p.add_argument("--warmup-request-count", type=int, help="unmeasured requests first (concurrency runs only)")
+    p.add_argument("--genai-perf-args", default="", help="extra arguments, e.g. '--random-seed 7'")
     p.add_argument("--pause", action="store_true", help="wait for Enter before each label (one port, swap servers)")
     p.add_argument("--out-dir", default="artifacts/genai-perf-compare")
     p.add_argument("--json-out", default=None, help="default: <out-dir>/comparison.json")
+    p.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
 
     c = sub.add_parser("compare", help="compare finished runs")
-    c.add_argument("runs", nargs="+", help="LABEL=PATH (artifact dir or export file); first is the base")
+    c.add_argument("runs", nargs="+", help="LABEL=PATH (export file, run or label folder); first is the base")
     c.add_argument("--json-out", default=None)
+    c.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
 
     args = parser.parse_args(argv)
     try:
@@ -354,10 +486,12 @@ def main(argv: list[str] | None = None) -> int:
                     raise CompareError(f"{spec!r}: expected LABEL=PATH")
                 if label in runs:
                     raise CompareError(f"label {label!r} given twice")
-                runs[label] = load_run(path)
-            results = {"compare": runs}
+                runs[label] = load_runs(path)
+            results = by_stimulus(runs)
             json_out = Path(args.json_out) if args.json_out else None
-        print(report(results, json_out))
+        markdown = Path(args.markdown) if args.markdown else None
+        footer = provenance(sys.argv[1:] if argv is None else argv, Path(args.venv)) if markdown else ""
+        print(report(results, json_out, markdown, footer))
     except (CompareError, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
