@@ -39,7 +39,7 @@ def policy_with(cost: StepCost, accept: float) -> SpeculationPolicy:
 
 
 def states(n: int) -> list:
-    return [SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None)
+    return [SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None, cached_len=0)
             for _ in range(n)]
 
 
@@ -56,11 +56,22 @@ def test_step_cost_interpolates_and_follows_measurements():
     assert cost.draft_seconds("medusa", 6) == 0.0  # never timed
     before = cost.verify_seconds(8, 16)
     for _ in range(100):  # serving keeps measuring twice the prediction
-        cost.observe_verify(8, 16, 2 * before)
+        cost.observe_verify(8, 16, 0, 2 * before)
     assert cost.verify_seconds(8, 16) == pytest.approx(2 * before, rel=1e-3)
     assert cost.verify_seconds(1, 1) == pytest.approx(1e-2 + 1e-3)  # other cells untouched
-    cost.observe_verify(1, 1, 1e9)  # one absurd observation moves a cell by a bounded step
-    assert cost.verify_seconds(1, 1) < 2 * (1e-2 + 1e-3)
+    cost.observe_verify(1, 1, 0, 1e9)  # one absurd observation moves a cell by a bounded step
+    assert cost.verify_seconds(1, 1) < 3 * (1e-2 + 1e-3)
+
+
+def test_longer_contexts_cost_more_per_verified_token():
+    cost = synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=0.0)
+    cost.prefix_len, cost.attn_slope = 128, 1e-8
+    assert cost.verify_seconds(4, 16, key_len=128) == pytest.approx(cost.verify_seconds(4, 16))
+    extra = cost.verify_seconds(4, 16, key_len=1128) - cost.verify_seconds(4, 16)
+    assert extra == pytest.approx(1e-8 * 4 * 16 * 1000)
+    for _ in range(50):  # measurements at a long context correct the cell, not the context model
+        cost.observe_verify(4, 16, 1128, 2 * cost._verify_base(4, 16, 1128))
+    assert cost.verify_seconds(4, 16, key_len=1128) == pytest.approx(2 * cost._verify_base(4, 16, 1128), rel=1e-3)
 
 
 def test_cheap_verify_means_full_trees():

@@ -316,9 +316,10 @@ class Engine:
                         tree = DraftTree(tree.tokens[:room], tree.parents[:room],
                                          None if tree.draft_probs is None else tree.draft_probs[:room])
                     trees[i] = tree
+            key_len = max(s.cached_len for s in states)
             t0 = time.perf_counter()
             self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
-            self.policy.record_verify_time(B, max(t.num_nodes for t in trees), time.perf_counter() - t0)
+            self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
 
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:

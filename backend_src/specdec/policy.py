@@ -197,7 +197,7 @@ class SpeculationPolicy:
     def _rate(self, states: list, budgets: list[int]) -> float:
         tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
         drafting = collections.Counter(s.settings.method for s, n in zip(states, budgets) if n > 1)
-        cost = self.cost.verify_seconds(len(budgets), max(budgets))
+        cost = self.cost.verify_seconds(len(budgets), max(budgets), max(s.cached_len for s in states))
         cost += sum(self.cost.draft_seconds(m, k) for m, k in drafting.items())
         return tokens / max(cost, 1e-9)
 
@@ -222,9 +222,9 @@ class SpeculationPolicy:
         else:
             self.cost.observe_draft(method, requests, seconds)
 
-    def record_verify_time(self, batch: int, nodes: int, seconds: float) -> None:
+    def record_verify_time(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
         """Every verify step's wall time, from its forward to its emitted tokens."""
-        self.cost.observe_verify(batch, nodes, seconds)
+        self.cost.observe_verify(batch, nodes, key_len, seconds)
 
     # -- at load -------------------------------------------------------------------------
     def calibrate(self, engine) -> None:
@@ -241,29 +241,23 @@ class SpeculationPolicy:
     def _time_verify(self, engine) -> None:
         """The verify forward's time on the (batch, tree size) grid of the cost model, in
         the engine's batched layout: B slots over a cached prefix, one tree mask each,
-        logits for every node (as `Engine._verify` computes them). Median of 3."""
-        target, dev = engine.target, engine.device
+        logits for every node (as `Engine._verify` computes them); then one shape over a
+        4x longer prefix for the attention slope."""
         max_tree = min(self._largest_tree(), engine.max_context // 2)
         batch_sizes, tree_sizes = StepCost.grid(engine.num_slots, max_tree)
-        self.cost = StepCost(batch_sizes, tree_sizes)
         prefix_len = min(CALIBRATION_PREFIX, engine.max_context - max_tree - 1)
-        with torch.inference_mode():
-            for B in batch_sizes:
-                slots = torch.arange(B, device=dev)
-                prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)
-                for N in tree_sizes:
-                    if B * N > MAX_GRID_TOKENS and N > 1:
-                        break
-                    ids = torch.zeros(B, N, dtype=torch.long, device=dev)
-                    pos = prefix[:, None] + torch.arange(N, device=dev)[None]
-                    times = []
-                    for _ in range(4):  # the first run of a shape is a warm-up
-                        t0 = time.perf_counter()
-                        batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev))
-                        hidden, _ = target(ids, pos, engine.cache, batch)
-                        target.logits(hidden).argmax(-1).tolist()  # the host sync every step has
-                        times.append(time.perf_counter() - t0)
-                    self.cost.verify[(B, N)] = sorted(times[1:])[1]
+        self.cost = StepCost(batch_sizes, tree_sizes, prefix_len)
+        for B in batch_sizes:
+            for N in tree_sizes:
+                if B * N > MAX_GRID_TOKENS and N > 1:
+                    break
+                self.cost.verify[(B, N)] = _time_forward(engine, B, N, prefix_len)
+        long_prefix = min(4 * prefix_len, engine.max_context - max_tree - 1)
+        B = batch_sizes[min(2, len(batch_sizes) - 1)]
+        N = max(n for n in tree_sizes if (B, n) in self.cost.verify)
+        if long_prefix > prefix_len:
+            extra = _time_forward(engine, B, N, long_prefix) - self.cost.verify[(B, N)]
+            self.cost.attn_slope = max(0.0, extra / (B * N * (long_prefix - prefix_len)))
 
     def _time_drafters(self, engine) -> None:
         """Each drafter's acceptance (the prior of a new request's running acceptance)
@@ -312,6 +306,26 @@ class SpeculationPolicy:
             if per_token < best_t:
                 best, best_t = size, per_token
         self.total_tokens = best
+
+
+def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
+    """Median seconds of a verify-shaped target forward: B slots, N tree tokens each
+    after `prefix_len` cached ones, logits of every node, one host sync (the first of
+    four runs is a warm-up)."""
+    target, dev = engine.target, engine.device
+    slots = torch.arange(B, device=dev)
+    prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)
+    ids = torch.zeros(B, N, dtype=torch.long, device=dev)
+    pos = prefix[:, None] + torch.arange(N, device=dev)[None]
+    times = []
+    with torch.inference_mode():
+        for _ in range(4):
+            t0 = time.perf_counter()
+            batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev))
+            hidden, _ = target(ids, pos, engine.cache, batch)
+            target.logits(hidden).argmax(-1).tolist()
+            times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[1]
 
 
 def _depth_share(nodes: int, full: int) -> float:

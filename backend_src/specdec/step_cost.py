@@ -5,14 +5,18 @@ every request's tree padded to the largest (`B x N` tokens). Both are measured:
 
 - at load, the verify forward is timed on a grid of batch sizes B (1, 2, 4, ...,
   max_batch_size) and tree sizes N (1, 2, 4, ..., the largest tree), over a cached prefix
-  of representative length, in the engine's real batched layout (B cache slots, one
-  tree mask per request); drafting is timed per method from real generations (see
-  `policy.calibrate`);
+  of `prefix_len` tokens, in the engine's real batched layout (B cache slots, one
+  tree mask per request), plus one shape over a longer prefix: the attention slope,
+  seconds per (query token x extra cached token), that moves a prediction to the
+  batch's real context (the padded batch attends over its longest prefix); drafting
+  is timed per method from real generations (see `policy.calibrate`);
 - while serving, every step's measured verify and draft times correct the load-time
   numbers: each grid cell (and each method's batch bucket) keeps a running ratio
-  measured / predicted, so contexts longer than the calibration prefix, the sampling
-  and bookkeeping around the forward, and a drafter's real batched cost all end up in
-  the model.
+  measured / predicted, so the sampling and bookkeeping around the forward (tree
+  verification, KV compaction, emitting) and a drafter's real batched cost (catching
+  up after steps without drafting) end up in the model. A cell seen fewer than
+  `CELL_TRUST` times borrows the running ratio of its whole class (plain steps, tree
+  steps, one drafter's calls), which every observation updates.
 
 Between grid points costs are interpolated linearly in B and in N; past the grid the
 last segment's slope is extended. All times are seconds of wall clock.
@@ -23,7 +27,8 @@ import bisect
 import math
 from typing import Optional
 
-EMA = 0.1  # weight of one observation in a running measured/predicted ratio
+EMA = 0.2  # weight of one observation in a running measured/predicted ratio
+CELL_TRUST = 3  # observations before a cell's own ratio replaces its class's
 RATIO_CLAMP = (0.25, 8.0)  # one odd observation (a page fault, a GC pause) moves little
 MAX_GRID_TOKENS = 1024  # the verify grid stops at B x N tokens beyond this (then extrapolated)
 
@@ -46,19 +51,26 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def _kind(nodes: int) -> str:
+    return "plain" if nodes <= 1 else "tree"
+
+
 def _nearest(xs: list[int], x: float) -> int:
     """Index of the grid value nearest to x on a log scale."""
     return min(range(len(xs)), key=lambda i: abs(math.log(xs[i]) - math.log(max(x, 1))))
 
 
 class StepCost:
-    def __init__(self, batch_sizes: list[int], tree_sizes: list[int]):
+    def __init__(self, batch_sizes: list[int], tree_sizes: list[int], prefix_len: int = 0):
         self.batch_sizes = batch_sizes  # B grid, ascending
         self.tree_sizes = tree_sizes  # N grid, ascending
+        self.prefix_len = prefix_len  # cached tokens before the tree in the grid's timings
+        self.attn_slope = 0.0  # seconds per (query token x cached token past prefix_len)
         self.verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
         self.draft: dict[str, dict[int, float]] = {}  # method -> {requests drafted: seconds per call}
-        self._verify_ratio: dict[tuple[int, int], float] = {}  # grid cell -> measured / predicted
-        self._draft_ratio: dict[tuple[str, int], float] = {}  # (method, B bucket) -> measured / predicted
+        # measured / predicted, with the number of observations behind it, per grid cell
+        # ((B, N) or (method, B)) and per class ("plain" / "tree" / method).
+        self._ratio: dict[object, tuple[float, int]] = {}
 
     @staticmethod
     def grid(max_batch: int, max_tree: int) -> tuple[list[int], list[int]]:
@@ -74,46 +86,58 @@ class StepCost:
         ns = [n for n in self.tree_sizes if (B, n) in self.verify]
         return ns, [self.verify[(B, n)] for n in ns]
 
-    def verify_seconds(self, batch: int, nodes: int) -> float:
-        """Predicted verify step for `batch` requests whose trees pad to `nodes`."""
+    def verify_seconds(self, batch: int, nodes: int, key_len: int = 0) -> float:
+        """Predicted verify step for `batch` requests whose trees pad to `nodes`, over a
+        longest cached prefix of `key_len` tokens (0: the grid's)."""
+        return self._verify_base(batch, nodes, key_len) * self._correction(self._cell(batch, nodes), _kind(nodes))
+
+    def _verify_base(self, batch: int, nodes: int, key_len: int) -> float:
         rows = []
         for B in self.batch_sizes:
             ns, ts = self._verify_curve(B)
             if ns:
                 rows.append((B, _interp(ns, ts, nodes)))
         base = _interp([b for b, _ in rows], [t for _, t in rows], batch)
-        return base * self._verify_ratio.get(self._cell(batch, nodes), 1.0)
+        if key_len:
+            base = max(0.2 * base, base + self.attn_slope * batch * nodes * (key_len - self.prefix_len))
+        return base
 
     def draft_seconds(self, method: str, requests: int) -> float:
         """Predicted drafting call of `method` for `requests` requests (0 if never timed)."""
         points = self.draft.get(method)
         if not points or requests <= 0:
             return 0.0
+        return self._draft_base(method, requests) * self._correction((method, self._bucket(requests)), method)
+
+    def _draft_base(self, method: str, requests: int) -> float:
+        points = self.draft[method]
         bs = sorted(points)
-        base = _interp(bs, [points[b] for b in bs], requests)
-        return base * self._draft_ratio.get((method, self._bucket(requests)), 1.0)
+        return _interp(bs, [points[b] for b in bs], requests)
 
     # -- observations --------------------------------------------------------------------
-    def observe_verify(self, batch: int, nodes: int, seconds: float) -> None:
-        if not self.ready:
-            return
-        cell = self._cell(batch, nodes)
-        predicted = self.verify_seconds(batch, nodes) / self._verify_ratio.get(cell, 1.0)
-        self._verify_ratio[cell] = self._blend(self._verify_ratio.get(cell, 1.0), seconds, predicted)
+    def observe_verify(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
+        if self.ready:
+            self._observe((self._cell(batch, nodes), _kind(nodes)), seconds, self._verify_base(batch, nodes, key_len))
 
     def observe_draft(self, method: str, requests: int, seconds: float) -> None:
-        key = (method, self._bucket(requests))
-        if not self.draft.get(method):
-            return
-        predicted = self.draft_seconds(method, requests) / self._draft_ratio.get(key, 1.0)
-        self._draft_ratio[key] = self._blend(self._draft_ratio.get(key, 1.0), seconds, predicted)
+        if self.draft.get(method) and requests > 0:
+            self._observe(((method, self._bucket(requests)), method), seconds, self._draft_base(method, requests))
 
-    @staticmethod
-    def _blend(ratio: float, seconds: float, predicted: float) -> float:
+    def _correction(self, cell, kind) -> float:
+        ratio, seen = self._ratio.get(cell, (1.0, 0))
+        return ratio if seen >= CELL_TRUST else self._ratio.get(kind, (1.0, 0))[0]
+
+    def _observe(self, keys: tuple, seconds: float, predicted: float) -> None:
+        """keys: (cell, class). A cell's first observation starts from its class's ratio."""
         if predicted <= 0:
-            return ratio
+            return
         lo, hi = RATIO_CLAMP
-        return (1 - EMA) * ratio + EMA * min(hi, max(lo, seconds / predicted))
+        measured = min(hi, max(lo, seconds / predicted))
+        cell, kind = keys
+        start = self._ratio.get(kind, (1.0, 0))[0]
+        for key in (cell, kind):
+            ratio, seen = self._ratio.get(key, (start, 0))
+            self._ratio[key] = ((1 - EMA) * ratio + EMA * measured, seen + 1)
 
     def _cell(self, batch: int, nodes: int) -> tuple[int, int]:
         return self.batch_sizes[_nearest(self.batch_sizes, batch)], self.tree_sizes[_nearest(self.tree_sizes, nodes)]
@@ -130,4 +154,5 @@ class StepCost:
             rows.append(f"B{B}: " + " ".join(f"{n}:{t * 1e3:.1f}" for n, t in zip(ns, ts)))
         drafts = "; ".join(f"{m} " + " ".join(f"B{b}:{t * 1e3:.1f}" for b, t in sorted(p.items()))
                            for m, p in sorted(self.draft.items()))
-        return f"verify ms by batch and tree size [{'; '.join(rows)}]; draft ms [{drafts}]"
+        return (f"verify ms by batch and tree size over {self.prefix_len} cached tokens [{'; '.join(rows)}], "
+                f"+{self.attn_slope * 1e9:.1f} ns per query x cached token; draft ms [{drafts}]")
