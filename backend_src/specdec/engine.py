@@ -225,7 +225,8 @@ class Engine:
         self._apply_cancellations()
         self._admit()
         if self._running:
-            self._decode(list(self._running))  # a copy: finishing requests leave _running
+            # By slot: consecutive slots let attention read the KV cache in place.
+            self._decode(sorted(self._running, key=lambda s: s.slot))
 
     def _apply_cancellations(self) -> None:
         with self._lock:
@@ -332,14 +333,15 @@ class Engine:
             parents[b, : t.num_nodes] = t.parents
         num_nodes = torch.tensor([t.num_nodes for t in trees], device=dev)
         prefix = torch.tensor([s.cached_len for s in states], device=dev)
-        slots = torch.tensor([s.slot for s in states], device=dev)
+        host_slots = [s.slot for s in states]
+        slots = torch.tensor(host_slots, device=dev)
         if N == 1:  # plain decoding for the whole batch: no tree to build, verify or compact
             tb = TreeBuffers(tree_mask=torch.ones(B, 1, 1, dtype=torch.bool, device=dev), positions=prefix[:, None],
                              depth=torch.zeros(B, 1, dtype=torch.long, device=dev), first_child=None,
                              next_sibling=None)
         else:
             tb = build_tree(parents, num_nodes, prefix)
-        batch = AttentionBatch.build(slots, prefix, tb.tree_mask)
+        batch = AttentionBatch.build(slots, prefix, tb.tree_mask, host_slots=host_slots)
         need_aux = any(self.drafters.get(st.method) is not None and self.drafters[st.method].needs_aux
                        for st in (s.settings for s in states))
         hidden, aux = self.target(cand, tb.positions, self.cache, batch, self.aux_layers if need_aux else ())

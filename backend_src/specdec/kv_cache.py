@@ -9,6 +9,7 @@ draft tokens is written right after the committed prefix and, after verification
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 
@@ -28,15 +29,18 @@ class AttentionBatch:
     write_pos: torch.Tensor  # [B, T] int64 cache position of each new token
     mask: torch.Tensor  # [B, 1, T, key_len] bool: query t may attend to key s
     key_len: int  # keys read per request: max(prefix_len) + T
+    first_slot: Optional[int] = None  # set when slots are first_slot, first_slot + 1, ...: reads are views
 
     @staticmethod
     def build(slots: torch.Tensor, prefix_len: torch.Tensor, local_mask: torch.Tensor,
-              write_offset: int = 0) -> "AttentionBatch":
+              write_offset: int = 0, host_slots: Optional[Sequence[int]] = None) -> "AttentionBatch":
         """Keys `[0, prefix_len)` are visible to every new token; keys in the window
         `[prefix_len, prefix_len + W)` are visible as `local_mask[B, T, W]` says (causal
         for a chain, ancestors for a tree). The T new tokens are written at
         `prefix_len + write_offset + t`, so `W == write_offset + T`: a drafter that
-        grows a tree depth by depth writes each depth after the last one."""
+        grows a tree depth by depth writes each depth after the last one. `host_slots`
+        (the slots as a host list, when the caller has them) lets consecutive slots be
+        read in place instead of gathered."""
         B, T, W = local_mask.shape
         assert W == write_offset + T, (W, write_offset, T)
         assert slots.shape == (B,) and prefix_len.shape == (B,), (slots.shape, prefix_len.shape)
@@ -47,7 +51,11 @@ class AttentionBatch:
         mask = torch.arange(key_len, device=device)[None, None, :] < prefix_len[:, None, None]
         mask = mask.expand(B, T, key_len).clone()
         mask.scatter_(2, window[:, None, :].expand(B, T, W), local_mask)
-        return AttentionBatch(slots=slots, write_pos=window[:, write_offset:], mask=mask[:, None], key_len=key_len)
+        first = None
+        if host_slots is not None and list(host_slots) == list(range(host_slots[0], host_slots[0] + B)):
+            first = int(host_slots[0])
+        return AttentionBatch(slots=slots, write_pos=window[:, write_offset:], mask=mask[:, None], key_len=key_len,
+                              first_slot=first)
 
 
 class KVCache:
@@ -59,6 +67,7 @@ class KVCache:
         self.num_slots = num_slots
         self.kv = torch.zeros(num_layers, 2, num_slots, num_kv_heads, max_len, head_dim,
                               dtype=dtype, device=device)
+        self._gather: Optional[torch.Tensor] = None  # [2, slots x H x T x D]: read's buffer for scattered slots
 
     def write(self, layer: int, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [B, H_kv, T, D] for the forward's new tokens."""
@@ -67,13 +76,25 @@ class KVCache:
         self.kv[layer, 1][index] = v.transpose(1, 2).to(self.kv.dtype)
 
     def read(self, layer: int, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [B, H_kv, key_len, D] of the batch's slots."""
-        if batch.slots.numel() == 1:
+        """Keys and values [B, H_kv, key_len, D] of the batch's slots: views of the cache
+        when the slots are consecutive (one request, or `batch.first_slot`), else
+        gathered into a buffer allocated once and reused by every layer and step
+        (allocating ~MBs per layer per step cost more than the attention on CPU)."""
+        B, n = batch.slots.shape[0], batch.key_len
+        if B == 1 and batch.first_slot is None:
             s = batch.slots[0]
-            return (self.kv[layer, 0, s, :, : batch.key_len][None],
-                    self.kv[layer, 1, s, :, : batch.key_len][None])
-        return (self.kv[layer, 0].index_select(0, batch.slots)[:, :, : batch.key_len],
-                self.kv[layer, 1].index_select(0, batch.slots)[:, :, : batch.key_len])
+            return self.kv[layer, 0, s, :, :n][None], self.kv[layer, 1, s, :, :n][None]
+        if batch.first_slot is not None:
+            s = slice(batch.first_slot, batch.first_slot + B)
+            return self.kv[layer, 0, s, :, :n], self.kv[layer, 1, s, :, :n]
+        if self._gather is None:
+            self._gather = torch.empty(2, self.kv[0, 0].numel(), dtype=self.kv.dtype, device=self.kv.device)
+        H, D = self.kv.shape[3], self.kv.shape[5]
+        k = self._gather[0, : B * H * n * D].view(B, H, n, D)
+        v = self._gather[1, : B * H * n * D].view(B, H, n, D)
+        torch.index_select(self.kv[layer, 0, :, :, :n], 0, batch.slots, out=k)
+        torch.index_select(self.kv[layer, 1, :, :, :n], 0, batch.slots, out=v)
+        return k, v
 
 
 class SlotAllocator:

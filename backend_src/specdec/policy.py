@@ -321,7 +321,7 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     with torch.inference_mode():
         for _ in range(4):
             t0 = time.perf_counter()
-            batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev))
+            batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev), host_slots=range(B))
             hidden, _ = target(ids, pos, engine.cache, batch)
             target.logits(hidden).argmax(-1).tolist()
             times.append(time.perf_counter() - t0)

@@ -63,8 +63,9 @@ class DraftModelDrafter:
         device = tokens.device
         B, T = tokens.shape
         start = torch.tensor([s.draft.draft_len for s in states], device=device)
-        slots = torch.tensor([s.slot for s in states], device=device)
-        batch = AttentionBatch.build(slots, start, causal_mask(B, T, device))
+        host_slots = [s.slot for s in states]
+        slots = torch.tensor(host_slots, device=device)
+        batch = AttentionBatch.build(slots, start, causal_mask(B, T, device), host_slots=host_slots)
         hidden, _ = self.model(tokens, start[:, None] + torch.arange(T, device=device)[None], self.cache, batch)
         last = hidden[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
         for s, n in zip(states, lens):

@@ -109,8 +109,9 @@ class EagleDrafter:
             tokens[b, :m] = torch.tensor(s.tokens[hl + 1 : hl + 1 + m], device=device)
             feats[b, :m] = s.draft.pending
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
-        slots = torch.tensor([s.slot for s in states], device=device)
-        batch = AttentionBatch.build(slots, head_len, causal_mask(B, M, device))
+        host_slots = [s.slot for s in states]
+        slots = torch.tensor(host_slots, device=device)
+        batch = AttentionBatch.build(slots, head_len, causal_mask(B, M, device), host_slots=host_slots)
         positions = head_len[:, None] + torch.arange(M, device=device)[None]
         x = self.head.fc(feats) if self.eagle3 else feats
         out = self._head(tokens, x, positions, batch)
@@ -130,7 +131,8 @@ class EagleDrafter:
         device = last.device
         B, H = last.shape
         k, depth = settings[0].top_k, settings[0].depth
-        slots = torch.tensor([s.slot for s in states], device=device)
+        host_slots = [s.slot for s in states]
+        slots = torch.tensor(host_slots, device=device)
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
         logp, d2t = self._log_probs(last, self.score_temperature)
         score, tok = logp.topk(k, dim=-1)  # [B, k] depth-1 candidates, best first
@@ -144,7 +146,7 @@ class EagleDrafter:
         for d in range(2, depth + 1):
             region = anc.shape[-1]
             local = torch.cat((anc, eye), dim=-1)  # [B, k, region + k]
-            batch = AttentionBatch.build(slots, head_len, local, write_offset=region)
+            batch = AttentionBatch.build(slots, head_len, local, write_offset=region, host_slots=host_slots)
             positions = (head_len + d - 2)[:, None].expand(B, k)
             out = self._head(front_tok, front_feat, positions, batch)  # [B, k, H]
             lp, ctok = self._log_probs(out, self.score_temperature)[0].topk(k, dim=-1)  # [B, k, k]
@@ -186,7 +188,8 @@ class EagleDrafter:
         device = last.device
         B, H = last.shape
         plan = self._plan_for(tree, device)
-        slots = torch.tensor([s.slot for s in states], device=device)
+        host_slots = [s.slot for s in states]
+        slots = torch.tensor(host_slots, device=device)
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
         tokens = torch.zeros(B, plan.num_nodes, dtype=torch.long, device=device)
         tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
@@ -198,7 +201,7 @@ class EagleDrafter:
             T = lv.nodes.shape[0]
             feats = torch.where(lv.from_root[None, :, None], last[:, None], node_out[:, lv.parents])
             batch = AttentionBatch.build(slots, head_len, lv.local[None].expand(B, T, lv.local.shape[1]),
-                                         write_offset=lv.local.shape[1] - T)
+                                         write_offset=lv.local.shape[1] - T, host_slots=host_slots)
             positions = (head_len + lv.depth - 1)[:, None].expand(B, T)
             out = self._head(tokens[:, lv.nodes], feats, positions, batch)
             node_out[:, lv.nodes] = out

@@ -1,0 +1,61 @@
+"""The static KV cache: what a batch reads is its slots' keys and values, whether the
+slots are consecutive (read in place) or scattered (gathered into the reused buffer),
+and writes land at each request's own positions."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.kv_cache import AttentionBatch, KVCache
+from specdec.models.layers import causal_mask
+
+L, S, H, T, D = 3, 8, 2, 40, 4
+
+
+@pytest.fixture
+def cache():
+    c = KVCache(L, S, H, T, D, torch.float32, "cpu")
+    c.kv.copy_(torch.randn_like(c.kv))
+    return c
+
+
+@pytest.mark.parametrize("slots", [[3], [0, 1, 2, 3], [2, 3, 4], [5, 1, 6], [0, 2], [7, 6, 5, 4, 3, 2, 1, 0]])
+def test_reads_are_the_slots_keys_and_values(cache, slots):
+    B, N = len(slots), 3
+    prefix = torch.tensor([random.Random(s).randint(0, 20) for s in slots])
+    batch = AttentionBatch.build(torch.tensor(slots), prefix, causal_mask(B, N, "cpu"), host_slots=slots)
+    consecutive = slots == list(range(slots[0], slots[0] + B))
+    assert (batch.first_slot is not None) == consecutive
+    for layer in range(L):
+        k, v = cache.read(layer, batch)
+        assert k.shape == (B, H, batch.key_len, D)
+        assert torch.equal(k, cache.kv[layer, 0, slots, :, : batch.key_len])
+        assert torch.equal(v, cache.kv[layer, 1, slots, :, : batch.key_len])
+        if consecutive:  # in place: the same storage as the cache
+            assert k.untyped_storage().data_ptr() == cache.kv.untyped_storage().data_ptr()
+
+
+def test_a_later_read_reuses_the_gather_buffer(cache):
+    slots = [6, 1]
+    batch = AttentionBatch.build(torch.tensor(slots), torch.tensor([5, 9]), causal_mask(2, 1, "cpu"))
+    k0, _ = cache.read(0, batch)
+    k0 = k0.clone()
+    k1, _ = cache.read(1, batch)
+    assert torch.equal(k1, cache.kv[1, 0, slots, :, : batch.key_len]) and not torch.equal(k0, k1)
+    assert cache._gather is not None and cache._gather.numel() == 2 * S * H * T * D  # allocated once
+
+
+def test_writes_land_at_each_requests_positions(cache):
+    slots = [4, 5]
+    prefix = torch.tensor([7, 2])
+    batch = AttentionBatch.build(torch.tensor(slots), prefix, causal_mask(2, 3, "cpu"), host_slots=slots)
+    k = torch.randn(2, H, 3, D)
+    v = torch.randn(2, H, 3, D)
+    before = cache.kv.clone()
+    cache.write(1, batch, k, v)
+    for b, (s, p) in enumerate(zip(slots, prefix.tolist())):
+        assert torch.equal(cache.kv[1, 0, s, :, p: p + 3], k[b]) and torch.equal(cache.kv[1, 1, s, :, p: p + 3], v[b])
+    changed = (cache.kv != before).nonzero()[:, 2].unique().tolist()
+    assert changed == slots
