@@ -308,7 +308,7 @@ class Engine:
                 method = settings[idx[0]].method
                 t0 = time.perf_counter()
                 proposed = self.drafters[method].propose([states[i] for i in idx], [settings[i] for i in idx])
-                self.policy.record_draft_time(method, time.perf_counter() - t0, len(idx))
+                self.policy.record_draft_time(method, time.perf_counter() - t0, [states[i] for i in idx])
                 for i, tree in zip(idx, proposed):
                     room = self.max_context - states[i].cached_len
                     if settings[i].budget is not None:

@@ -62,6 +62,7 @@ class AdaptiveState:
     off_steps: int = 0  # consecutive steps without speculation
     backoff: int = FIRST_BACKOFF  # off steps before the next probe
     probing: bool = False  # this step's speculation is a probe after being off
+    drafted: bool = False  # the drafter ran for it once (caught up on the prompt)
 
     def estimate(self) -> float:
         """Expected full-tree acceptance; at a probe the stale mean gives way to the prior
@@ -215,12 +216,20 @@ class SpeculationPolicy:
         if stats.probing:  # a probe that accepted nothing: wait twice as long for the next
             stats.backoff = min(MAX_BACKOFF, 2 * stats.backoff) if accepted == 0 else FIRST_BACKOFF
 
-    def record_draft_time(self, method: str, seconds: float, requests: int) -> None:
-        """Every drafting call's wall time (the engine reports them all)."""
+    def record_draft_time(self, method: str, seconds: float, states: list) -> None:
+        """Every drafting call's wall time (the engine reports them all). Calls that
+        also caught a drafter up on a prompt or on the tokens of steps without drafting
+        do not teach the steady-state cost: counting them would make every pause look
+        more expensive and the policy pause more."""
         if self._recording is not None:  # calibrating: collected by _time_drafters
-            self._recording.append((requests, seconds))
-        else:
-            self.cost.observe_draft(method, requests, seconds)
+            self._recording.append((len(states), seconds))
+            return
+        catching_up = any(s.adaptive is None or s.adaptive.probing or not s.adaptive.drafted for s in states)
+        for s in states:
+            if s.adaptive is not None:
+                s.adaptive.drafted = True
+        if not catching_up:
+            self.cost.observe_draft(method, len(states), seconds)
 
     def record_verify_time(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
         """Every verify step's wall time, from its forward to its emitted tokens."""
