@@ -22,8 +22,10 @@ def family_paths() -> dict:
 
 
 def make_engine(**overrides) -> Engine:
+    # Fixed trees unless a test asks for adaptive speculation (tests/test_policy.py):
+    # what a test asserts about a tree must not depend on this machine's timings.
     kw = dict(family_paths(), speculative_method="eagle2", eagle_total_tokens=16, max_seq_len=512,
-              max_batch_size=4)
+              max_batch_size=4, adaptive_speculation=False)
     kw.update(overrides)
     return Engine(EngineConfig(**kw))
 

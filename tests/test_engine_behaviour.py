@@ -143,7 +143,8 @@ def test_launched_engine_loads_and_steps_in_one_thread(prompt, greedy):
     from engine_helpers import family_paths
 
     engine = Engine.launch(EngineConfig(**family_paths(), speculative_method="eagle2", eagle_total_tokens=16,
-                                        max_seq_len=512, max_batch_size=4, dtype="float64"))
+                                        max_seq_len=512, max_batch_size=4, dtype="float64",
+                                        adaptive_speculation=False))
     try:
         assert engine.owner is not threading.current_thread()
         stepped_in = set()

@@ -16,8 +16,9 @@ Requests come from a trtllm-bench dataset (`--dataset`, written by
 `tools/prepare_dataset.py`; `input_ids` or `prompt`, and `output_tokens`) or an EAGLE
 question set (`--question-set`, first turn of each question, `--output-tokens`).
 Every request generates exactly its `output_tokens` (end-of-sequence ignored, as
-trtllm-bench does) unless `--stop-at-eos`. The engine runs as served (adaptive
-speculation off: the full tree at every step); `--adaptive on` lets the policy shrink it.
+trtllm-bench does) unless `--stop-at-eos`. By default adaptive speculation is off (the
+full tree at every step: what each method does); `--adaptive on` runs the engine as
+served by default, the policy shrinking or skipping trees when they do not pay.
 
 `plot-speedups REPORT.json...` reads `--compare` reports of several question sets
 and prints the speedup table (methods x sets; PNG with `--plot`).

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash tools/genai_perf_run.sh OUT_DIR [profile options]}; shift
 PY=.venv/bin/python
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-declare -A METHOD=([plain]="--method none" [eagle2]="--method eagle2 --set eagle_total_tokens:16")
+declare -A METHOD=([plain]="--method none" [eagle2]="--method eagle2 --set eagle_total_tokens:16,adaptive_speculation:false")
 SERVER=""
 
 stop_server() {  # the launcher leads its own process group: server and model stubs

@@ -47,10 +47,11 @@ class EngineConfig:
     # None: the head checkpoint's `specdec_score_temperature` if it has one, else 1.
     eagle_score_temperature: Optional[float] = None
     num_draft_tokens: int = 4  # draft_model chain length
-    # Shrink/skip speculation when the measured cost model says it does not pay. Off by
-    # default: on the shipped family its estimates are pessimistic and fixed trees
-    # measured faster at every concurrency (docs/benchmarks.md, section 2).
-    adaptive_speculation: bool = False
+    # Shrink/skip speculation when the measured step costs say it does not pay (policy.py).
+    # On: fixed trees lose to plain decoding once the batch is large (0.61-0.87x at
+    # concurrency 8-32 on the 2-core CPU, docs/benchmarks.md section 2); adaptive tracks
+    # plain there and keeps the batch-1 speedup.
+    adaptive_speculation: bool = True
     seed: int = 0  # engine generator for requests that send no seed
 
     @classmethod
