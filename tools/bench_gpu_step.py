@@ -36,12 +36,9 @@ plain step.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,7 +49,9 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "backend_src"))
+sys.path.insert(0, str(REPO / "tools"))
 
+from bench import machine_info  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.random_init import random_eagle_head, random_llama  # noqa: E402
 from specdec.ops import build_tree, verify_greedy  # noqa: E402
@@ -238,11 +237,12 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
                               met=plain_ms / bound_ms <= PLAIN_LIMIT),
         eagle2_60_over_plain=dict(value=at_limit, limit=EAGLE_LIMIT,
                                   met=None if at_limit is None else at_limit <= EAGLE_LIMIT))
+    machine = machine_info(str(device))
     report = dict(
         tool="tools/bench_gpu_step.py", command=" ".join(["python", "tools/bench_gpu_step.py", *args.argv]),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=device_name(device), device_type=device.type, torch=torch.__version__,
-        python=platform.python_version(), git_commit=git_commit(), torch_threads=torch.get_num_threads(),
+        date=machine["date"], device=machine["gpu"] or machine["cpu"], device_type=device.type,
+        torch=machine["torch"], python=machine["python"], git_commit=machine["git_commit"],
+        torch_threads=machine["torch_threads"],
         shape=args.shape, config=config, head_config=head_config, dtype=args.dtype, batch=1,
         context=args.context, iters=args.iters, warmup=args.warmup, seed=args.seed,
         copy=copy, weights=weights, bandwidth_bound_ms=bound_ms,
@@ -255,29 +255,6 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
 
 
 # ---------------------------------------------------------------- reporting
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> Optional[str]:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
 
 
 def _bytes(n: int) -> str:
