@@ -18,19 +18,23 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     report = tmp_path / "conc.json"
     code = bc.main(["--family", str(FAMILY), "--question-set", str(HUMANEVAL), "--concurrency", "2,1",
                     "--num-requests", "3", "--output-tokens", "5", "--warmup", "1", "--eagle-total-tokens", "8",
-                    "--report-json", str(report)])
+                    "--repeats", "2", "--report-json", str(report)])
     assert code == 0
     table = capsys.readouterr().out
     assert "plain tok/s" in table and "eagle2-fixed/plain" in table
     data = json.loads(report.read_text())
     points = data["points"]
-    assert [(p["config"], p["concurrency"]) for p in points] == [
-        (c, n) for n in (1, 2) for c in ("plain", "eagle2", "eagle2-fixed")]
+    configs = ["plain", "eagle2", "eagle2-fixed"]
+    # Each level twice, the configurations' order rotated in the second run.
+    assert [(p["config"], p["concurrency"], p["repeat"]) for p in points] == [
+        (c, n, r) for n in (1, 2) for r in (0, 1) for c in configs[r:] + configs[:r]]
+    for n in ("1", "2"):
+        assert set(data["summary"][n]) == set(configs) and data["summary"][n]["eagle2"]["repeats"] == 2
     for p in points:
         assert p["requests"] == 3 and p["output_tokens"] == 15  # every request generates exactly 5
         assert p["tokens_per_s"] > 0 and p["latency_p50_s"] <= p["latency_p90_s"]
         assert len(p["latencies_s"]) == 3
-    by = {(p["config"], p["concurrency"]): p for p in points}
+    by = {(p["config"], p["concurrency"]): p for p in points if p["repeat"] == 0}
     assert by[("plain", 1)]["tau"] == 1.0 and by[("plain", 1)]["acceptance_rate"] == 0.0
     assert by[("eagle2-fixed", 1)]["tau"] >= 1.0
     assert data["setup"]["eagle_total_tokens"] == 8
@@ -45,6 +49,7 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     (["--configs", "plain,plain"], "twice"),
     (["--concurrency", "0,2"], "--concurrency must be >= 1"),
     (["--concurrency", "a"], "integers"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
     (["--url", "localhost:1", "--configs", "eagle2-fixed"], "needs --eagle-total-tokens"),
 ])
 def test_bad_arguments_are_one_clear_error(argv, message, capsys):
@@ -58,3 +63,19 @@ def test_percentile_and_summary():
     point = bc.summarize("x", 2, [bc.Sample(1.0, 0.1, 10, 8, 4, 6, 9), bc.Sample(3.0, 0.3, 10, 0, 0, 1, 1)], 2.0)
     assert point.tokens_per_s == 10.0 and point.latency_avg_s == 2.0
     assert point.tau == pytest.approx(10 / 7) and point.acceptance_rate == 0.5
+
+
+def test_repeats_report_medians_of_ratios_within_a_repeat():
+    """A ratio compares configurations of the same repeat (the machine's speed drifts
+    between repeats), and the table shows its median and range."""
+    def point(config, tok_s, repeat):
+        return bc.Point(config, 4, 1, 1.0, 10, tok_s, 1.0, 1.0, 1.0, 0.1, 1.0, 0.0, [1.0], repeat)
+
+    configs = bc.parse_configs("plain,eagle2")
+    # A slow machine in repeat 1 halves both; eagle2 is 1.1x, 1.2x and 0.9x of plain.
+    points = [point("plain", 100, 0), point("eagle2", 110, 0), point("plain", 50, 1), point("eagle2", 60, 1),
+              point("plain", 100, 2), point("eagle2", 90, 2)]
+    row = bc.level_summary(points, configs, 4)["eagle2"]
+    assert row["ratio"] == pytest.approx(1.1) and (row["ratio_min"], row["ratio_max"]) == (pytest.approx(0.9), 1.2)
+    assert row["tokens_per_s"] == 90 and row["repeats"] == 3
+    assert "1.10x (0.90-1.20)" in bc.format_table(points, configs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 
@@ -19,14 +20,18 @@ from specdec.step_cost import StepCost
 FULL = 16
 
 
-def synthetic_cost(per_token: float, fixed: float, draft_per_request: float, max_batch: int = 32) -> StepCost:
-    """Verify = fixed + per_token x (B x N); drafting = draft_per_request x requests."""
+def synthetic_cost(per_token: float, fixed: float, draft_per_request: float, max_batch: int = 32,
+                   draft_share: Optional[dict[int, float]] = None) -> StepCost:
+    """Verify = fixed + per_token x (B x N); drafting a full tree = draft_per_request x
+    requests, and a tree of n nodes `draft_share[n]` of that (sizes not given are not
+    timed: the model borrows the next larger size's)."""
     bs, ns = StepCost.grid(max_batch, FULL)
     cost = StepCost(bs, ns)
     for B in bs:
         for N in ns:
             cost.verify[(B, N)] = fixed + per_token * B * N
-    cost.draft["eagle2"] = {b: draft_per_request * b for b in bs}
+    for n, share in {FULL: 1.0, **(draft_share or {})}.items():
+        cost.draft[("eagle2", n)] = {b: share * draft_per_request * b for b in bs}
     return cost
 
 
@@ -52,8 +57,8 @@ def test_step_cost_interpolates_and_follows_measurements():
     assert cost.verify_seconds(4, 8) == pytest.approx(1e-2 + 32e-3)
     assert cost.verify_seconds(3, 8) == pytest.approx(1e-2 + 24e-3)  # between grid batch sizes
     assert cost.verify_seconds(64, 16) > cost.verify_seconds(32, 16)  # past the grid: extended
-    assert cost.draft_seconds("eagle2", 6) == pytest.approx(12e-3)
-    assert cost.draft_seconds("medusa", 6) == 0.0  # never timed
+    assert cost.draft_seconds("eagle2", 6, FULL) == pytest.approx(12e-3)
+    assert cost.draft_seconds("medusa", 6, FULL) == 0.0  # never timed
     before = cost.verify_seconds(8, 16)
     for _ in range(100):  # serving keeps measuring twice the prediction
         cost.observe_verify(8, 16, 0, 2 * before)
@@ -99,13 +104,35 @@ def test_choice_maximises_the_modelled_rate():
     """Whatever it picks, no other batch tree size has a better modelled rate."""
     rng = random.Random(0)
     for _ in range(50):
+        shares = {n: rng.uniform(0.1, 1.0) for n in (2, 4, 8) if rng.random() < 0.7}
         cost = synthetic_cost(per_token=rng.uniform(1e-5, 1e-3), fixed=rng.uniform(1e-3, 2e-2),
-                              draft_per_request=rng.uniform(1e-4, 3e-3))
+                              draft_per_request=rng.uniform(1e-4, 3e-3), draft_share=shares)
         policy = policy_with(cost, accept=rng.uniform(0.2, 4.0))
         batch = states(rng.choice([1, 3, 8, 20]))
         picked = chosen_nodes(policy, batch)[0]
         rate = {n: policy._rate(batch, [n] * len(batch)) for n in (1, 2, 4, 8, 16)}
         assert rate[picked] >= max(rate.values()) * (1 - 1e-9), (picked, rate)
+
+
+def test_smaller_trees_draft_shallower_and_narrower():
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=1e-3), accept=3.0)
+    full = TreeSettings(method="eagle2", depth=5, top_k=8, total_tokens=FULL)
+    shapes = {n: policy._shrunk(full, n) for n in (8, 4, 2)}
+    assert [(st.total_tokens, st.depth, st.top_k) for st in shapes.values()] == [(8, 4, 4), (4, 3, 2), (2, 1, 1)]
+    for n, st in shapes.items():  # the drafted candidates can still fill the tree
+        assert st.top_k + (st.depth - 1) * st.top_k ** 2 >= n - 1
+
+
+def test_drafting_cost_follows_the_tree_size():
+    """Where verifying is cheap but drafting a full tree is not, small trees pay only if
+    drafting them is cheaper; a size never timed borrows the next larger one's time."""
+    cheap_small = synthetic_cost(per_token=2e-4, fixed=1e-2, draft_per_request=5e-3, draft_share={2: 0.1, 4: 0.2})
+    untimed = synthetic_cost(per_token=2e-4, fixed=1e-2, draft_per_request=5e-3)
+    assert untimed.draft_seconds("eagle2", 8, 4) == untimed.draft_seconds("eagle2", 8, FULL)
+    assert cheap_small.draft_seconds("eagle2", 8, 8) == cheap_small.draft_seconds("eagle2", 8, FULL)
+    assert cheap_small.draft_seconds("eagle2", 8, 3) == cheap_small.draft_seconds("eagle2", 8, 4)
+    assert chosen_nodes(policy_with(untimed, accept=3.0), states(8)) == [1] * 8
+    assert chosen_nodes(policy_with(cheap_small, accept=3.0), states(8))[0] in (2, 4)
 
 
 def run_steps(policy: SpeculationPolicy, batch: list, accepted: list[int]) -> list[int]:
@@ -189,7 +216,9 @@ def test_changing_trees_every_step_stays_lossless(prompts):
 
 def test_adaptive_engine_is_lossless_and_measures_costs(prompts):
     engine = make_engine(dtype="float64", max_batch_size=4, adaptive_speculation=True)
-    assert engine.policy.cost.ready and engine.policy.cost.draft["eagle2"]
+    cost = engine.policy.cost
+    assert cost.ready and all(cost.draft[("eagle2", n)] for n in (16, 8, 4, 2))  # every size the plan picks
+    assert set(cost.draft[("eagle2", 16)]) == {1, 4}  # the configured method at batch 1 and 4
     plain = [engine.generate(request(p, 40))[0] for p in prompts[:4]]
     spec = run_batch(engine, [request(p, 40, "eagle2", rid=f"s{i}") for i, p in enumerate(prompts[:4])])
     assert [spec[f"s{i}"] for i in range(4)] == plain

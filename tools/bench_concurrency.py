@@ -13,7 +13,10 @@ and configuration generates the same tokens from the same prompts: the first tur
 an EAGLE question set (HumanEval by default), tokenized by the family's tokenizer and
 cut to `--max-prompt-tokens`, each generating exactly `--output-tokens` (no end token).
 Levels run in increasing order; within a level the configurations take turns, so a
-drifting machine does not favour one of them.
+drifting machine does not favour one of them. `--repeats R` runs each level R times
+(the configurations' order rotating each time); the table then gives each
+configuration's median tok/s and each ratio's median over the repeats, with its
+range, because one run's ratio on a shared machine moves by tens of percent.
 
 Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: the
 engine with adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
@@ -247,6 +250,7 @@ class Point:
     tau: float
     acceptance_rate: float
     latencies_s: list = field(default_factory=list)
+    repeat: int = 0  # which of --repeats
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -306,8 +310,38 @@ def summarize(label: str, concurrency: int, samples: list[Sample], wall_s: float
 # ---------------------------------------------------------------- report
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def level_summary(points: list[Point], configs: list[BenchConfig], level: int) -> dict:
+    """At one concurrency, over the repeats: each configuration's median tok/s, pooled
+    latencies and τ, and each ratio to the first configuration within the same repeat
+    (median, min, max)."""
+    out: dict = {}
+    ref = configs[0].label
+    for c in configs:
+        mine = [p for p in points if p.concurrency == level and p.config == c.label]
+        if not mine:
+            continue
+        lat = [x for p in mine for x in p.latencies_s]
+        steps = sum(p.output_tokens / p.tau for p in mine if p.tau)
+        row = dict(tokens_per_s=_median([p.tokens_per_s for p in mine]), repeats=len(mine),
+                   latency_avg_s=statistics.fmean(lat) if lat else 0.0,
+                   latency_p50_s=percentile(lat, 50) if lat else 0.0, latency_p90_s=percentile(lat, 90) if lat else 0.0,
+                   tau=sum(p.output_tokens for p in mine) / steps if steps else 0.0)
+        if c.label != ref:
+            base = {p.repeat: p.tokens_per_s for p in points if p.concurrency == level and p.config == ref}
+            ratios = sorted(p.tokens_per_s / base[p.repeat] for p in mine if p.repeat in base)
+            if ratios:
+                row.update(ratio=_median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1])
+        out[c.label] = row
+    return out
+
+
 def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
-    """One row per concurrency; per configuration tok/s and latency, plus speedups over the first."""
+    """One row per concurrency; per configuration tok/s and latency, plus speedups over
+    the first (medians over repeats, with their range when there are several)."""
     header = ["conc"]
     for c in configs:
         header += [f"{c.label} tok/s", "lat avg/p50/p90 s", "τ"]
@@ -315,17 +349,21 @@ def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
         header += [f"{c.label}/{configs[0].label}" for c in configs[1:]]
     rows = []
     for level in sorted({p.concurrency for p in points}):
-        by = {p.config: p for p in points if p.concurrency == level}
+        by = level_summary(points, configs, level)
         row = [str(level)]
         for c in configs:
             p = by.get(c.label)
             row += ["-", "-", "-"] if p is None else [
-                f"{p.tokens_per_s:.1f}", f"{p.latency_avg_s:.2f}/{p.latency_p50_s:.2f}/{p.latency_p90_s:.2f}",
-                f"{p.tau:.2f}"]
-        ref = by.get(configs[0].label)
+                f"{p['tokens_per_s']:.1f}", f"{p['latency_avg_s']:.2f}/{p['latency_p50_s']:.2f}/{p['latency_p90_s']:.2f}",
+                f"{p['tau']:.2f}"]
         for c in configs[1:]:
-            p = by.get(c.label)
-            row.append("-" if p is None or ref is None else f"{p.tokens_per_s / ref.tokens_per_s:.2f}x")
+            p = by.get(c.label) or {}
+            if "ratio" not in p:
+                row.append("-")
+            elif p["repeats"] > 1:
+                row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f})")
+            else:
+                row.append(f"{p['ratio']:.2f}x")
         rows.append(row)
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
@@ -336,12 +374,15 @@ def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
 def write_plots(path: Path, points: list[Point], configs: list[BenchConfig]) -> list[Path]:
     from plots import throughput_vs_concurrency
 
-    def series(value):
-        return {c.label: [(p.concurrency, value(p)) for p in points if p.config == c.label] for c in configs}
+    levels = sorted({p.concurrency for p in points})
+    summary = {level: level_summary(points, configs, level) for level in levels}
+
+    def series(key):
+        return {c.label: [(n, summary[n][c.label][key]) for n in levels if c.label in summary[n]] for c in configs}
 
     latency = path.with_name(path.stem + "_latency" + path.suffix)
-    return [throughput_vs_concurrency(series(lambda p: p.tokens_per_s), path),
-            throughput_vs_concurrency(series(lambda p: p.latency_p50_s), latency,
+    return [throughput_vs_concurrency(series("tokens_per_s"), path),
+            throughput_vs_concurrency(series("latency_p50_s"), latency,
                                       title="Request latency (p50) vs concurrency", ylabel="p50 latency (s)")]
 
 
@@ -361,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per configuration and level (at least the level's concurrency; default 64)")
     p.add_argument("--output-tokens", type=int, default=64, help="tokens each request generates (default 64)")
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to this (default 384)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every level, configurations rotating (medians reported; default 1)")
     p.add_argument("--warmup", type=int, default=2, help="untimed requests per configuration first (default 2)")
     p.add_argument("--device", default="cpu", help="in-process engine: cpu | cuda[:N]")
     p.add_argument("--dtype", default="float32", help="in-process engine dtype (default float32)")
@@ -405,6 +448,7 @@ def run_benchmark(args) -> dict:
     _validate_that(args.output_tokens >= 1, f"--output-tokens must be >= 1, got {args.output_tokens}")
     _validate_that(args.max_prompt_tokens >= 1, f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     _validate_that(args.num_requests >= 1, f"--num-requests must be >= 1, got {args.num_requests}")
+    _validate_that(args.repeats >= 1, f"--repeats must be >= 1, got {args.repeats}")
     _validate_that(not args.url or args.eagle_total_tokens > 0 or not any(c.fixed for c in configs),
                    "--url with a -fixed configuration needs --eagle-total-tokens (the server's tree size)")
     from transformers import AutoTokenizer
@@ -416,7 +460,8 @@ def run_benchmark(args) -> dict:
 
     setup = dict(configs=[asdict(c) for c in configs], concurrency=levels, num_requests=args.num_requests,
                  output_tokens=args.output_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                 question_set=str(args.question_set), prompts=len(prompts), warmup=args.warmup)
+                 question_set=str(args.question_set), prompts=len(prompts), warmup=args.warmup,
+                 repeats=args.repeats)
     engine = None
     if args.url:
         run = OverGrpc(args.url, args.model, args.output_tokens, args.eagle_total_tokens, args.timeout)
@@ -433,16 +478,19 @@ def run_benchmark(args) -> dict:
             if args.warmup:
                 run_level(run, c, prompts, 1, args.warmup, tag="warmup-")
         for level in levels:
-            for c in configs:
-                point = run_level(run, c, prompts, level, max(args.num_requests, level))
-                points.append(point)
-                print(f"  {c.label:>14} x{level:<3} {point.tokens_per_s:9.1f} tok/s  "
-                      f"p50 {point.latency_p50_s:.3f} s  τ {point.tau:.2f}", file=sys.stderr, flush=True)
+            for r in range(args.repeats):
+                for c in configs[r % len(configs):] + configs[: r % len(configs)]:
+                    point = run_level(run, c, prompts, level, max(args.num_requests, level))
+                    point.repeat = r
+                    points.append(point)
+                    print(f"  {c.label:>14} x{level:<3} #{r} {point.tokens_per_s:9.1f} tok/s  "
+                          f"p50 {point.latency_p50_s:.3f} s  τ {point.tau:.2f}", file=sys.stderr, flush=True)
     finally:
         if engine is not None:
             engine.shutdown()
     print(format_table(points, configs))
-    report = dict(setup=setup, points=[asdict(p) for p in points])
+    report = dict(setup=setup, points=[asdict(p) for p in points],
+                  summary={str(n): level_summary(points, configs, n) for n in levels})
     plot = args.plot or (args.report_json.with_suffix(".png") if args.report_json else None)
     if plot:
         report["plots"] = [str(p) for p in write_plots(plot, points, configs)]

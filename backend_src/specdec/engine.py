@@ -40,7 +40,7 @@ from .policy import SpeculationPolicy, describe
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
-from .spec.base import Accepted, DraftTree, TreeSettings
+from .spec.base import AcceptedBatch, DraftTree, TreeSettings
 from .spec.loader import load_drafters
 from .stopping import cut_new_tokens
 
@@ -100,7 +100,7 @@ class Engine:
         self.drafters = loaded.drafters
         cached = [d for d in {id(d): d for d in loaded.drafters.values()}.values() if hasattr(d, "allocate")]
         positions = self.max_context + 1
-        slot_bytes = self.target.new_cache(1, positions).kv.nbytes + sum(d.cache.kv.nbytes for d in cached)
+        slot_bytes = self.target.new_cache(1, positions).kv.nbytes + sum(d.slot_bytes for d in cached)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.kv_budget = kv_budget(config.max_batch_size, slot_bytes, positions, config.kv_cache_max_tokens,
@@ -308,7 +308,7 @@ class Engine:
                 method = settings[idx[0]].method
                 t0 = time.perf_counter()
                 proposed = self.drafters[method].propose([states[i] for i in idx], [settings[i] for i in idx])
-                self.policy.record_draft_time(method, time.perf_counter() - t0, [states[i] for i in idx])
+                self.policy.record_draft_time(settings[idx[0]], time.perf_counter() - t0, [states[i] for i in idx])
                 for i, tree in zip(idx, proposed):
                     room = self.max_context - states[i].cached_len
                     if settings[i].budget is not None:
@@ -400,6 +400,18 @@ class Engine:
         accepted_host = accepted.tolist()
         bonus_host = bonus.tolist()
         cand_host = cand.tolist()
+        # Drafters update their state in one call each, before any request finishes.
+        by_drafter: dict[int, list[int]] = collections.defaultdict(list)
+        for b, s in enumerate(states):
+            if self.drafters.get(s.settings.method) is not None:
+                by_drafter[id(self.drafters[s.settings.method])].append(b)
+        for rows in by_drafter.values():
+            sel = None if len(rows) == B else torch.tensor(rows, device=dev)
+            pick = lambda t: t if sel is None or t is None else t[sel]  # noqa: E731
+            self.drafters[states[rows[0]].settings.method].commit(
+                [states[b] for b in rows],
+                AcceptedBatch(nodes=pick(accepted), lengths=[accept_host[b] + 1 for b in rows], start=pick(prefix),
+                              hidden=pick(hidden), aux=pick(aux)))
         for b, s in enumerate(states):
             a = accept_host[b]
             nodes = accepted_host[b][: a + 1]
@@ -410,11 +422,6 @@ class Engine:
                 log_probs = lp.tolist()
             drafted = trees[b].num_nodes - 1
             self._count(s, drafted, a)
-            drafter = self.drafters.get(s.settings.method)
-            if drafter is not None:
-                node_t = torch.tensor(nodes, device=dev)
-                drafter.commit(s, Accepted(node_t, hidden[b, node_t], aux[b, node_t] if aux is not None else None,
-                                           new_tokens))
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs)
             self.policy.observe(s, drafted, a)

@@ -141,8 +141,8 @@ class SpeculationPolicy:
     def plan(self, states: list) -> list[TreeSettings]:
         """This step's settings per request (node budgets applied)."""
         budgets = [self.full_nodes(s.settings) for s in states]
-        adaptive = [i for i, s in enumerate(states)
-                    if s.settings.method != "none" and not s.settings.pinned and self.cost.ready]
+        adaptive = [i for i, s in enumerate(states) if s.settings.method != "none" and not s.settings.pinned
+                    and self.cost.ready and self._recording is None]  # calibration times fixed trees
         for i in adaptive:
             stats = self._stats(states[i])
             if 0 < stats.off_steps < stats.backoff:
@@ -154,10 +154,7 @@ class SpeculationPolicy:
         active = [i for i in adaptive if budgets[i] > 1]
         if active:
             full = {i: budgets[i] for i in active}
-            sizes, n = [], max(full.values())
-            while n >= 2:
-                sizes.append(n)
-                n //= 2
+            sizes = _ladder(max(full.values()))
             best, best_rate = 1, -1.0
             for size in sizes + [1]:
                 for i in active:
@@ -186,8 +183,18 @@ class SpeculationPolicy:
         if st.method == "draft_model":
             return dataclasses.replace(st, num_draft_tokens=n - 1)
         if st.method in ("eagle2", "eagle3"):
-            return dataclasses.replace(st, total_tokens=n)
+            # A smaller tree is drafted shallower and narrower: drafting costs one head
+            # forward per depth over top_k nodes per request, and the n best nodes
+            # rarely lie deeper than ~log2(n) + 1 or more than n / 2 to a parent. Keeping
+            # depth 5 / top-k 8 for a 2-node tree made drafting cost as much as for 16.
+            depth = min(st.depth, n - 1, math.ceil(math.log2(n)) + 1)
+            return dataclasses.replace(st, total_tokens=n, depth=depth, top_k=min(st.top_k, max(1, n // 2)))
         return dataclasses.replace(st, budget=n)  # static trees: verified prefix of n nodes
+
+    def draft_nodes(self, st: TreeSettings, n: int) -> int:
+        """The tree size that sets a drafting call's cost: a static tree is drafted whole
+        and cut to its budget after; the others draft `n` nodes."""
+        return self.full_nodes(st) if st.method in ("eagle", "medusa") else n
 
     def _expected_accept(self, state, nodes: int) -> float:
         """Expected accepted drafts with a `nodes` budget."""
@@ -197,9 +204,10 @@ class SpeculationPolicy:
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
-        drafting = collections.Counter(s.settings.method for s, n in zip(states, budgets) if n > 1)
+        drafting = collections.Counter((s.settings.method, self.draft_nodes(s.settings, n))
+                                       for s, n in zip(states, budgets) if n > 1)
         cost = self.cost.verify_seconds(len(budgets), max(budgets), max(s.cached_len for s in states))
-        cost += sum(self.cost.draft_seconds(m, k) for m, k in drafting.items())
+        cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
         return tokens / max(cost, 1e-9)
 
     def _stats(self, state) -> AdaptiveState:
@@ -216,8 +224,9 @@ class SpeculationPolicy:
         if stats.probing:  # a probe that accepted nothing: wait twice as long for the next
             stats.backoff = min(MAX_BACKOFF, 2 * stats.backoff) if accepted == 0 else FIRST_BACKOFF
 
-    def record_draft_time(self, method: str, seconds: float, states: list) -> None:
-        """Every drafting call's wall time (the engine reports them all). Calls that
+    def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
+        """Every drafting call's wall time, with the call's (shared) settings: the engine
+        reports them all. Calls that
         also caught a drafter up on a prompt or on the tokens of steps without drafting
         do not teach the steady-state cost: counting them would make every pause look
         more expensive and the policy pause more."""
@@ -229,7 +238,8 @@ class SpeculationPolicy:
             if s.adaptive is not None:
                 s.adaptive.drafted = True
         if not catching_up:
-            self.cost.observe_draft(method, len(states), seconds)
+            nodes = self.draft_nodes(settings, self.full_nodes(settings))
+            self.cost.observe_draft(settings.method, len(states), nodes, seconds)
 
     def record_verify_time(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
         """Every verify step's wall time, from its forward to its emitted tokens."""
@@ -271,30 +281,38 @@ class SpeculationPolicy:
     def _time_drafters(self, engine) -> None:
         """Each drafter's acceptance (the prior of a new request's running acceptance)
         and its drafting time per call, from real generations of the model's own greedy
-        continuation of a BOS: one request per method, and for the configured method
-        also batches of 4 and 16 requests (the others extrapolate proportionally to the
-        batch, a pessimistic guess that serving corrects)."""
+        continuation of a BOS: one request per method and tree size the plan can pick
+        (the full tree; for drafters whose cost shrinks with the tree, its halves too),
+        and for the configured method also batches of 4 and 16 requests (the others
+        extrapolate proportionally to the batch, a pessimistic guess that serving
+        corrects)."""
         bos = [1]
         n = max(1, min(32, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
         seed_text = engine.generate(GenerationRequest("calibrate-text", bos, n, spec=SpecParams(method="none")))[0]
         prompt = bos + seed_text[:24]
         for method in sorted(self.available - {"none"}):
-            batches = [1] + [b for b in (4, 16) if b <= engine.num_slots
-                             and method == self.config.speculative_method]
-            points: dict[int, float] = {}
-            for B in batches:
-                reqs = [GenerationRequest(f"calibrate-{method}-{B}-{j}", prompt, n, spec=SpecParams(method=method))
-                        for j in range(B)]
-                self._recording = []
-                last = _run_together(engine, reqs)
-                times = [t for b, t in self._recording[1:] if b == B]  # the first call also catches up the prompt
-                self._recording = None
-                if times:
-                    points[B] = sorted(times)[len(times) // 2]
-                st = last.stats
-                if B == 1 and st.target_forwards:
-                    self.prior_accept[method] = st.total_accepted_draft_tokens / st.target_forwards
-            self.cost.draft[method] = points
+            full = self.resolve(GenerationRequest("calibrate", prompt, n, spec=SpecParams(method=method)))
+            batches = [1] + [b for b in (4, 16) if b <= engine.num_slots and method == self.config.speculative_method]
+            sizes = [self.full_nodes(full)]
+            if method in ("eagle2", "eagle3", "draft_model"):
+                sizes = _ladder(sizes[0])
+            for size in sizes:
+                st = full if size == sizes[0] else self._shrunk(full, size)
+                spec = SpecParams(method=method, depth=st.depth, top_k=st.top_k, total_tokens=st.total_tokens,
+                                  num_draft_tokens=st.num_draft_tokens)
+                points: dict[int, float] = {}
+                for B in batches:
+                    reqs = [GenerationRequest(f"calibrate-{method}-{size}-{B}-{j}", prompt, n, spec=spec)
+                            for j in range(B)]
+                    self._recording = []
+                    last = _run_together(engine, reqs)
+                    times = [t for b, t in self._recording[1:] if b == B]  # the first call also catches up the prompt
+                    self._recording = None
+                    if times:
+                        points[B] = sorted(times)[len(times) // 2]
+                    if B == 1 and size == sizes[0] and last.stats.target_forwards:
+                        self.prior_accept[method] = last.stats.total_accepted_draft_tokens / last.stats.target_forwards
+                self.cost.draft[(method, self.draft_nodes(st, size))] = points
 
     def _choose_total_tokens(self, engine) -> None:
         """Chooses the EAGLE-2/3 tree size by timing generation, when not configured."""
@@ -335,6 +353,15 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
             target.logits(hidden).argmax(-1).tolist()
             times.append(time.perf_counter() - t0)
     return sorted(times[1:])[1]
+
+
+def _ladder(full: int) -> list[int]:
+    """The tree sizes the plan chooses among for a full tree: full, its halves, ... >= 2."""
+    sizes = []
+    while full >= 2:
+        sizes.append(full)
+        full //= 2
+    return sizes
 
 
 def _depth_share(nodes: int, full: int) -> float:

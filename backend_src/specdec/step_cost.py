@@ -9,14 +9,15 @@ every request's tree padded to the largest (`B x N` tokens). Both are measured:
   tree mask per request), plus one shape over a longer prefix: the attention slope,
   seconds per (query token x extra cached token), that moves a prediction to the
   batch's real context (the padded batch attends over its longest prefix); drafting
-  is timed per method from real generations (see `policy.calibrate`);
+  is timed per method and tree size (a smaller tree drafts shallower and narrower)
+  from real generations (see `policy.calibrate`);
 - while serving, every step's measured verify and draft times correct the load-time
   numbers: each grid cell (and each method's batch bucket) keeps a running ratio
   measured / predicted, so the sampling and bookkeeping around the forward (tree
   verification, KV compaction, emitting) and a drafter's real batched cost (catching
   up after steps without drafting) end up in the model. A cell seen fewer than
   `CELL_TRUST` times borrows the running ratio of its whole class (plain steps, tree
-  steps, one drafter's calls), which every observation updates.
+  steps, one drafter's calls at one tree size), which every observation updates.
 
 Between grid points costs are interpolated linearly in B and in N; past the grid the
 last segment's slope is extended. All times are seconds of wall clock.
@@ -67,9 +68,10 @@ class StepCost:
         self.prefix_len = prefix_len  # cached tokens before the tree in the grid's timings
         self.attn_slope = 0.0  # seconds per (query token x cached token past prefix_len)
         self.verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
-        self.draft: dict[str, dict[int, float]] = {}  # method -> {requests drafted: seconds per call}
+        # (method, tree nodes) -> {requests drafted: seconds per call}
+        self.draft: dict[tuple[str, int], dict[int, float]] = {}
         # measured / predicted, with the number of observations behind it, per grid cell
-        # ((B, N) or (method, B)) and per class ("plain" / "tree" / method).
+        # ((B, N) or ((method, nodes), B)) and per class ("plain" / "tree" / (method, nodes)).
         self._ratio: dict[object, tuple[float, int]] = {}
 
     @staticmethod
@@ -102,15 +104,26 @@ class StepCost:
             base = max(0.2 * base, base + self.attn_slope * batch * nodes * (key_len - self.prefix_len))
         return base
 
-    def draft_seconds(self, method: str, requests: int) -> float:
-        """Predicted drafting call of `method` for `requests` requests (0 if never timed)."""
-        points = self.draft.get(method)
-        if not points or requests <= 0:
+    def draft_seconds(self, method: str, requests: int, nodes: int) -> float:
+        """Predicted drafting call of `method` for `requests` requests whose trees have
+        `nodes` nodes (0 if the method was never timed)."""
+        key = self._draft_key(method, nodes)
+        if key is None or requests <= 0:
             return 0.0
-        return self._draft_base(method, requests) * self._correction((method, self._bucket(requests)), method)
+        return self._draft_base(key, requests) * self._correction(((method, nodes), self._bucket(requests)),
+                                                                  (method, nodes))
 
-    def _draft_base(self, method: str, requests: int) -> float:
-        points = self.draft[method]
+    def _draft_key(self, method: str, nodes: int) -> Optional[tuple[str, int]]:
+        """The timed (method, size) that predicts `nodes`: itself, else the method's
+        smallest timed size above it (a pessimistic guess), else its largest."""
+        sizes = sorted(n for m, n in self.draft if m == method and self.draft[(m, n)])
+        if not sizes:
+            return None
+        above = [n for n in sizes if n >= nodes]
+        return method, (above[0] if above else sizes[-1])
+
+    def _draft_base(self, key: tuple[str, int], requests: int) -> float:
+        points = self.draft[key]
         bs = sorted(points)
         return _interp(bs, [points[b] for b in bs], requests)
 
@@ -119,9 +132,11 @@ class StepCost:
         if self.ready:
             self._observe((self._cell(batch, nodes), _kind(nodes)), seconds, self._verify_base(batch, nodes, key_len))
 
-    def observe_draft(self, method: str, requests: int, seconds: float) -> None:
-        if self.draft.get(method) and requests > 0:
-            self._observe(((method, self._bucket(requests)), method), seconds, self._draft_base(method, requests))
+    def observe_draft(self, method: str, requests: int, nodes: int, seconds: float) -> None:
+        key = self._draft_key(method, nodes)
+        if key is not None and requests > 0:
+            self._observe((((method, nodes), self._bucket(requests)), (method, nodes)), seconds,
+                          self._draft_base(key, requests))
 
     def _correction(self, cell, kind) -> float:
         ratio, seen = self._ratio.get(cell, (1.0, 0))
@@ -152,7 +167,7 @@ class StepCost:
         for B in self.batch_sizes:
             ns, ts = self._verify_curve(B)
             rows.append(f"B{B}: " + " ".join(f"{n}:{t * 1e3:.1f}" for n, t in zip(ns, ts)))
-        drafts = "; ".join(f"{m} " + " ".join(f"B{b}:{t * 1e3:.1f}" for b, t in sorted(p.items()))
-                           for m, p in sorted(self.draft.items()))
+        drafts = "; ".join(f"{m}/{n} " + " ".join(f"B{b}:{t * 1e3:.1f}" for b, t in sorted(p.items()))
+                           for (m, n), p in sorted(self.draft.items()))
         return (f"verify ms by batch and tree size over {self.prefix_len} cached tokens [{'; '.join(rows)}], "
                 f"+{self.attn_slope * 1e9:.1f} ns per query x cached token; draft ms [{drafts}]")

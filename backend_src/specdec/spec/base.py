@@ -46,13 +46,15 @@ class TreeSettings:
 
 
 @dataclass
-class Accepted:
-    """What verification kept for one request, handed back to its drafter."""
+class AcceptedBatch:
+    """What verification kept for the requests of one drafter, handed back to it in one
+    call (per-request tensor work here cost more than the step's forward at batch 32)."""
 
-    nodes: torch.Tensor  # [a + 1] int64 node indices of the accepted path, nodes[0] = 0
-    hidden: torch.Tensor  # [a + 1, H] target final hidden states at those nodes
-    aux: Optional[torch.Tensor]  # [a + 1, 3H] EAGLE-3 features at those nodes, or None
-    new_tokens: list[int]  # accepted draft tokens + the bonus token
+    nodes: torch.Tensor  # [B, N] int64 accepted node indices in path order, nodes[:, 0] = 0, then -1
+    lengths: list[int]  # [B] accepted path lengths (accepted drafts + 1)
+    start: torch.Tensor  # [B] int64 cache position of each root (the cached length before the step)
+    hidden: torch.Tensor  # [B, N, H] target final hidden states at every node
+    aux: Optional[torch.Tensor]  # [B, N, 3H] EAGLE-3 features at every node, or None
 
 
 class Drafter(Protocol):
@@ -66,8 +68,9 @@ class Drafter(Protocol):
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
         """One tree per state."""
 
-    def commit(self, state, accepted: Accepted) -> None:
-        """After verification of `state`'s tree."""
+    def commit(self, states: list, accepted: AcceptedBatch) -> None:
+        """After verification of these requests' trees (row b of `accepted` is states[b]),
+        before any of them is released."""
 
     def release(self, state) -> None:
         """The request is gone; drop its drafter state."""

@@ -19,7 +19,7 @@ from ..kv_cache import AttentionBatch
 from ..models.layers import causal_mask
 from ..models.llama import LlamaModel
 from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
-from .base import Accepted, DraftTree, TreeSettings
+from .base import AcceptedBatch, DraftTree, TreeSettings
 from .eagle import BATCHED_CATCH_UP
 
 
@@ -43,16 +43,21 @@ class DraftModelDrafter:
         self.cache = None
         self.cache = self.model.new_cache(num_slots, self._cache_len)
 
+    @property
+    def slot_bytes(self) -> int:
+        """Memory one request's slot takes."""
+        return self.cache.kv.nbytes // self.cache.num_slots
+
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = DraftModelState(draft_len=0)  # the first catch-up reads the prompt
 
-    def commit(self, state, accepted: Accepted) -> None:
-        d = state.draft
-        a = len(accepted.new_tokens) - 1
-        if d.chain:
-            # Cached: root at cached_len, then the chain's first chain-1 tokens.
-            d.draft_len = state.cached_len + 1 + min(a, d.chain - 1)
-        d.chain = 0
+    def commit(self, states: list, accepted: AcceptedBatch) -> None:
+        for state, n in zip(states, accepted.lengths):
+            d = state.draft
+            if d.chain:
+                # Cached: root at cached_len, then the chain's first chain-1 tokens.
+                d.draft_len = state.cached_len + 1 + min(n - 1, d.chain - 1)
+            d.chain = 0
 
     def release(self, state) -> None:
         state.draft = None

@@ -1,8 +1,11 @@
 """EAGLE drafting: EAGLE-1 static trees, EAGLE-2 dynamic trees, EAGLE-3 heads.
 
 Per request the head keeps its own KV cache slot (same slot id as the target) with
-`head_len` entries, one per (token x[t+1], target feature at t) pair it has consumed,
-and `pending`: target features of accepted tokens it has not consumed yet.
+`head_len` entries, one per (token x[t+1], target feature at t) pair it has consumed.
+The target features of every committed position t live in a static buffer
+`feats[slot, t]` (written at prefill and by each step's commit, one batched write for
+all requests); those at `[head_len, cached_len)` are pending: not consumed yet (a step
+without drafting, when speculation is paused, leaves its features pending too).
 
 A step (one call of `propose` for a group of requests with the same tree settings):
 1. catch-up: one head forward over each request's pending pairs (the prompt after
@@ -27,7 +30,7 @@ from ..models.eagle import EagleHead
 from ..models.eagle3 import Eagle3Head
 from ..models.layers import causal_mask
 from ..models.llama import LlamaModel
-from .base import Accepted, DraftTree, TreeSettings
+from .base import AcceptedBatch, DraftTree, TreeSettings
 
 # Longest catch-up batched with others; longer ones (prefill) run alone so short
 # requests are not padded to a prompt's length.
@@ -38,8 +41,7 @@ SCRATCH = 16 * 16 + BATCHED_CATCH_UP
 
 @dataclass
 class EagleState:
-    head_len: int  # head KV entries (pairs consumed)
-    pending: torch.Tensor  # [m, F] target features not yet consumed (F = H, or 3H for EAGLE-3)
+    head_len: int  # head KV entries (pairs consumed); features at [head_len, cached_len) are pending
 
 
 class EagleDrafter:
@@ -55,18 +57,38 @@ class EagleDrafter:
         self._plans: dict = {}  # static tree -> _StaticPlan
 
     def allocate(self, num_slots: int) -> None:
-        """(Re)allocates the head's KV cache for `num_slots` requests (at load)."""
-        self.cache = None
+        """(Re)allocates the head's KV cache and the feature buffer for `num_slots`
+        requests (at load)."""
+        self.cache = self.feats = None
         self.cache = self.head.new_cache(num_slots, self._cache_len)
+        width = self.target.shape.hidden_size * (3 if self.eagle3 else 1)
+        # [slots, positions, F]: the target feature at each committed position (F = H, or 3H for EAGLE-3)
+        self.feats = torch.zeros(num_slots, self._cache_len, width, dtype=self.cache.kv.dtype,
+                                 device=self.cache.kv.device)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Memory one request's slot takes (head KV cache and features)."""
+        return (self.cache.kv.nbytes + self.feats.nbytes) // self.cache.num_slots
 
     # -- state ---------------------------------------------------------------------------
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
-        state.draft = EagleState(head_len=0, pending=aux if self.eagle3 else hidden)
+        src = aux if self.eagle3 else hidden  # [L, F]
+        self.feats[state.slot, : src.shape[0]] = src
+        state.draft = EagleState(head_len=0)
 
-    def commit(self, state, accepted: Accepted) -> None:
-        # Appends: a step without drafting (speculation paused) leaves pairs pending too.
-        new = accepted.aux if self.eagle3 else accepted.hidden
-        state.draft.pending = torch.cat((state.draft.pending, new.to(state.draft.pending.dtype)))
+    def commit(self, states: list, accepted: AcceptedBatch) -> None:
+        """Writes each request's accepted path features at positions start + j in one
+        indexed copy. Rows past a path are written too (from node 0): they land after
+        the new cached length, where nothing reads them before the next commit
+        overwrites them, and a tree never extends past the slot (the engine caps it)."""
+        src = accepted.aux if self.eagle3 else accepted.hidden  # [B, N, F]
+        B, N = accepted.nodes.shape
+        device = src.device
+        rows = torch.arange(B, device=device)[:, None]
+        slots = torch.tensor([s.slot for s in states], device=device)[:, None]
+        positions = accepted.start[:, None] + torch.arange(N, device=device)[None]  # [B, N]
+        self.feats[slots, positions] = src[rows, accepted.nodes.clamp(min=0)].to(self.feats.dtype)
 
     def release(self, state) -> None:
         state.draft = None
@@ -88,9 +110,10 @@ class EagleDrafter:
     def _catch_up(self, states: list) -> torch.Tensor:
         """Consumes every request's pending pairs; returns the last outputs [B, H]."""
         last: list[Optional[torch.Tensor]] = [None] * len(states)
-        short = [i for i, s in enumerate(states) if len(s.draft.pending) <= BATCHED_CATCH_UP]
+        pending = [s.cached_len - s.draft.head_len for s in states]
+        short = [i for i, m in enumerate(pending) if m <= BATCHED_CATCH_UP]
         groups = [short] if short else []
-        groups += [[i] for i, s in enumerate(states) if len(s.draft.pending) > BATCHED_CATCH_UP]
+        groups += [[i] for i, m in enumerate(pending) if m > BATCHED_CATCH_UP]
         for group in groups:
             outs = self._catch_up_group([states[i] for i in group])
             for i, out in zip(group, outs):
@@ -99,25 +122,24 @@ class EagleDrafter:
 
     def _catch_up_group(self, states: list) -> torch.Tensor:
         device = self.cache.kv.device
-        lens = [len(s.draft.pending) for s in states]
+        lens = [s.cached_len - s.draft.head_len for s in states]
         B, M = len(states), max(lens)
-        F = states[0].draft.pending.shape[-1]
         tokens = torch.zeros(B, M, dtype=torch.long, device=device)
-        feats = torch.zeros(B, M, F, dtype=states[0].draft.pending.dtype, device=device)
         for b, s in enumerate(states):
             hl, m = s.draft.head_len, lens[b]
             tokens[b, :m] = torch.tensor(s.tokens[hl + 1 : hl + 1 + m], device=device)
-            feats[b, :m] = s.draft.pending
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
         host_slots = [s.slot for s in states]
         slots = torch.tensor(host_slots, device=device)
+        positions = head_len[:, None] + torch.arange(M, device=device)[None]  # [B, M]
+        # Rows past a request's pending count are padding: their outputs are dropped and
+        # their head KV entries land in the scratch region.
+        feats = self.feats[slots[:, None], positions]  # [B, M, F]
         batch = AttentionBatch.build(slots, head_len, causal_mask(B, M, device), host_slots=host_slots)
-        positions = head_len[:, None] + torch.arange(M, device=device)[None]
         x = self.head.fc(feats) if self.eagle3 else feats
         out = self._head(tokens, x, positions, batch)
         for b, s in enumerate(states):
             s.draft.head_len += lens[b]
-            s.draft.pending = s.draft.pending[:0]
         return out[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
 
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:

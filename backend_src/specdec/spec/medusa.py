@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..models.medusa import MedusaHeads
-from .base import Accepted, DraftTree, TreeSettings
+from .base import AcceptedBatch, DraftTree, TreeSettings
 
 
 @dataclass
@@ -30,8 +30,13 @@ class MedusaDrafter:
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = MedusaState(hidden[-1])
 
-    def commit(self, state, accepted: Accepted) -> None:
-        state.draft.last_hidden = accepted.hidden[-1]
+    def commit(self, states: list, accepted: AcceptedBatch) -> None:
+        B = len(states)
+        ends = torch.tensor(accepted.lengths, device=accepted.nodes.device) - 1
+        last_node = accepted.nodes.gather(1, ends[:, None])[:, 0]  # [B]
+        last = accepted.hidden[torch.arange(B, device=last_node.device), last_node]  # [B, H]
+        for b, s in enumerate(states):
+            s.draft.last_hidden = last[b]
 
     def release(self, state) -> None:
         state.draft = None
