@@ -202,11 +202,13 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
         pairs = min(max(1, round(taus[max_tree]["tau"])), args.context)
         drafter = EagleDrafter(head, target, num_slots=1, max_seq_len=args.context + max_tree)
         tokens = torch.randint(vocab, (args.context + 1,), generator=gen).tolist()
-        pending = torch.randn(pairs, config["hidden_size"], generator=gen).to(device=device, dtype=dtype)
-        request = SimpleNamespace(slot=0, tokens=tokens, draft=None)
+        # The pending pairs' target features (random, like the weights).
+        drafter.feats[0, args.context - pairs : args.context] = torch.randn(
+            pairs, config["hidden_size"], generator=gen).to(device=device, dtype=dtype)
+        request = SimpleNamespace(slot=0, tokens=tokens, draft=None, cached_len=args.context)
 
         def reset_request():
-            request.draft = EagleState(head_len=args.context - pairs, pending=pending)
+            request.draft = EagleState(head_len=args.context - pairs)
 
         trees = []
         for n in args.trees:

@@ -1,7 +1,8 @@
 """The engine: in-flight batching of requests over one target model and its drafters.
 
 A step reads top to bottom:
-1. admit waiting requests into free KV slots and prefill them (first token emitted);
+1. admit waiting requests into free KV slots and prefill them, several prompts per
+   forward where their lengths allow (`prefill.py`; first token emitted);
 2. plan each running request's tree for this step (method, size: `policy.py`);
 3. drafters propose trees (one call per group of requests with equal settings);
 4. ONE target forward verifies every request's tree (plain decoding is a one-node tree);
@@ -37,6 +38,7 @@ from .ops.tree_mask import TreeBuffers, build_tree
 from .ops.verify_greedy import verify_greedy
 from .ops.verify_sampling import verify_sampling
 from .policy import SpeculationPolicy, describe
+from .prefill import prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
@@ -243,10 +245,11 @@ class Engine:
                 self._finish(state, [], "cancelled")
 
     def _admit(self) -> None:
+        newcomers: list[RequestState] = []
         while self.slots.available:
             with self._lock:
                 if not self._waiting:
-                    return
+                    break
                 req, emit, settings = self._waiting.popleft()
             seed = req.sampling.seed
             if seed is None:
@@ -255,27 +258,43 @@ class Engine:
                                  prompt_len=len(req.input_ids), rng=RequestRng(seed), settings=settings)
             self._running.append(state)
             self.metrics.requests[settings.method] += 1
+            newcomers.append(state)
+        for group in prefill_groups([s.prompt_len for s in newcomers]):
+            states = [newcomers[i] for i in group]
             try:
-                self._prefill(state)
+                self._prefill(states)
             except Exception as e:
-                self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
+                for state in states:
+                    self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
 
-    def _prefill(self, state: RequestState) -> None:
-        ids = torch.tensor([state.tokens], device=self.device)
-        L = ids.shape[1]
-        drafter = self.drafters.get(state.settings.method)
-        aux_layers = self.aux_layers if drafter is not None and drafter.needs_aux else ()
-        batch = AttentionBatch.build(torch.tensor([state.slot], device=self.device),
-                                     torch.zeros(1, dtype=torch.long, device=self.device),
-                                     causal_mask(1, L, self.device))
+    def _prefill(self, states: list[RequestState]) -> None:
+        """One target forward over the prompts of `states`, padded to the longest (the
+        padding's KV entries land past each prompt, where the next step overwrites
+        them); each request's first token comes from its own last prompt position."""
+        dev = self.device
+        B, lens = len(states), [len(s.tokens) for s in states]
+        L = max(lens)
+        ids = torch.zeros(B, L, dtype=torch.long, device=dev)
+        for b, s in enumerate(states):
+            ids[b, : lens[b]] = torch.tensor(s.tokens, device=dev)
+        drafters = [self.drafters.get(s.settings.method) for s in states]
+        aux_layers = self.aux_layers if any(d is not None and d.needs_aux for d in drafters) else ()
+        host_slots = [s.slot for s in states]
+        batch = AttentionBatch.build(torch.tensor(host_slots, device=dev), torch.zeros(B, dtype=torch.long, device=dev),
+                                     causal_mask(B, L, dev), host_slots=host_slots)
         with torch.inference_mode():
-            hidden, aux = self.target(ids, torch.arange(L, device=self.device)[None], self.cache, batch, aux_layers)
-            logits = self.target.logits(hidden[:, -1:])  # [1, 1, V]
-            state.cached_len = L
-            token, logp = self._sample_single(state, logits)
-            if drafter is not None:
-                drafter.prefill(state, hidden[0], aux[0] if aux is not None else None)
-        self._emit(state, [token], [logp])
+            positions = torch.arange(L, device=dev)[None].expand(B, L)
+            hidden, aux = self.target(ids, positions, self.cache, batch, aux_layers)
+            last = hidden[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
+            logits = self.target.logits(last[:, None])  # [B, 1, V]
+            firsts = []
+            for b, (s, drafter) in enumerate(zip(states, drafters)):
+                s.cached_len = lens[b]
+                firsts.append(self._sample_single(s, logits[b : b + 1]))
+                if drafter is not None:
+                    drafter.prefill(s, hidden[b, : lens[b]], aux[b, : lens[b]] if aux is not None else None)
+        for s, (token, logp) in zip(states, firsts):
+            self._emit(s, [token], [logp])
 
     def _sample_single(self, state: RequestState, logits: torch.Tensor) -> tuple[int, float]:
         """First token after prefill: logits [1, 1, V]."""
