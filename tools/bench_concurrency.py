@@ -353,9 +353,11 @@ def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
         row = [str(level)]
         for c in configs:
             p = by.get(c.label)
-            row += ["-", "-", "-"] if p is None else [
-                f"{p['tokens_per_s']:.1f}", f"{p['latency_avg_s']:.2f}/{p['latency_p50_s']:.2f}/{p['latency_p90_s']:.2f}",
-                f"{p['tau']:.2f}"]
+            if p is None:
+                row += ["-", "-", "-"]
+            else:
+                latency = "/".join(f"{p[k]:.2f}" for k in ("latency_avg_s", "latency_p50_s", "latency_p90_s"))
+                row += [f"{p['tokens_per_s']:.1f}", latency, f"{p['tau']:.2f}"]
         for c in configs[1:]:
             p = by.get(c.label) or {}
             if "ratio" not in p:

@@ -10,14 +10,16 @@
   by method, tree size and batch) and each drafter's acceptance.
 - `plan` (every step): adaptive speculation. The batch's speculating requests get
   trees of N nodes (their full trees, halves, quarters, ... or none: plain decoding;
-  a smaller EAGLE-2/3 tree is also drafted shallower and narrower), whichever N maximises the step's expected tokens per second under the measured
-  cost of the one verify forward (B requests x N nodes) plus batched drafting; the
-  costs follow what serving measures. Expected accepted tokens come from each
-  request's recent acceptance, starting from its method's (`AdaptiveState`), so
-  requests whose drafts stop matching, and large batches, speculate less. A request
-  whose speculation is off probes it again after `FIRST_BACKOFF` steps, waiting twice
-  as long after each probe that accepted nothing. Requests that pinned their tree
-  size, and configs with `adaptive_speculation: false`, are left alone.
+  a smaller EAGLE-2/3 tree is also drafted shallower and narrower), whichever N
+  maximises the step's expected tokens per second under the measured cost of the one
+  verify forward (B requests x N nodes) plus batched drafting, a tree only where it
+  beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
+  Expected accepted tokens come from each request's recent acceptance, starting from
+  its method's (`AdaptiveState`), so requests whose drafts stop matching, and large
+  batches, speculate less. A request whose speculation is off probes it again after
+  `FIRST_BACKOFF` steps, waiting twice as long after each probe that accepted
+  nothing. Requests that pinned their tree size, and configs with
+  `adaptive_speculation: false`, are left alone.
 """
 from __future__ import annotations
 
