@@ -112,6 +112,23 @@ def test_kv_cache_never_grows(engine, prompt):
     assert engine.slots.available == engine.config.max_batch_size
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_context_end_next_to_a_full_tree(method):
+    """A request one position short of max_seq_len decodes in the same step as a request
+    drafting a full tree (the step pads its one-node tree to the batch's largest): both
+    get their alone greedy text, and prompt + output never exceeds max_seq_len."""
+    short_ctx = make_engine(dtype="float64", max_seq_len=96)
+    ids = code_prompts(3, max_tokens=160)
+    at_end, drafting = ids[0][:90], ids[1][:40]
+    alone = {rid: short_ctx.generate(request(p, 40, rid=rid))[0] for rid, p in (("end", at_end), ("tree", drafting))}
+    together = run_batch(short_ctx, [request(at_end, 40, "none", rid="end"),
+                                     request(drafting, 40, method, rid="tree")])
+    assert together == alone
+    assert len(at_end) + len(together["end"]) == 96
+    spec = run_batch(short_ctx, [request(at_end, 40, method, rid="end")])
+    assert spec["end"] == alone["end"]
+
+
 @pytest.mark.parametrize("kw,message", [
     (dict(method="medusa", choices="{0},{0,0,0}"), "prefix"),
     (dict(method="medusa", choices="{0},{0,0},{0,0,0},{0,0,0,0},{0,0,0,0,0}"), "depth"),

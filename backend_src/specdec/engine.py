@@ -37,7 +37,7 @@ from .ops.kv_compact import kv_compact
 from .ops.tree_mask import TreeBuffers, build_tree
 from .ops.verify_greedy import verify_greedy
 from .ops.verify_sampling import verify_sampling
-from .policy import SpeculationPolicy, describe
+from .policy import MAX_TREE, SpeculationPolicy, describe
 from .prefill import prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
@@ -102,13 +102,18 @@ class Engine:
         self.drafters = loaded.drafters
         cached = [d for d in {id(d): d for d in loaded.drafters.values()}.values() if hasattr(d, "allocate")]
         positions = self.max_context + 1
-        slot_bytes = self.target.new_cache(1, positions).kv.nbytes + sum(d.slot_bytes for d in cached)
+        # The target's slots carry MAX_TREE spare positions past the context: a step pads
+        # every request's tree to the batch's largest, and the padding's KV writes of a
+        # request at the end of its context land there, never out of bounds.
+        self.cache_positions = positions + MAX_TREE
+        slot_bytes = (self.target.new_cache(1, self.cache_positions).kv.nbytes
+                      + sum(d.slot_bytes for d in cached))
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.kv_budget = kv_budget(config.max_batch_size, slot_bytes, positions, config.kv_cache_max_tokens,
                                    free_device_bytes(self.device), config.kv_cache_free_gpu_mem_fraction)
         self.num_slots = self.kv_budget.slots
-        self.cache = self.target.new_cache(self.num_slots, positions)
+        self.cache = self.target.new_cache(self.num_slots, self.cache_positions)
         for drafter in cached:
             drafter.allocate(self.num_slots)
         self.slots = SlotAllocator(self.num_slots)
@@ -459,6 +464,7 @@ class Engine:
         m.emitted_tokens[method] += accepted + 1
 
     def _emit(self, state: RequestState, new_tokens: list[int], log_probs: list[float]) -> None:
+        new_tokens = new_tokens[: self.max_context - len(state.tokens)]  # prompt + output <= max_seq_len
         emitted, reason = cut_new_tokens(state.req, state.output, new_tokens)
         state.output += emitted
         state.tokens += new_tokens
