@@ -26,16 +26,21 @@ def test_tiny_cpu_run_reports_every_number(tmp_path, capsys):
     assert r["shape"] == "tiny" and r["dtype"] == "float32" and r["context"] == 512
     positive = [r["copy"]["gb_per_s"], r["copy"]["ms"], r["weights"]["target_bytes"], r["weights"]["head_bytes"],
                 r["weights"]["kv_read_bytes_plain_step"], r["bandwidth_bound_ms"], r["plain"]["step_ms"],
-                r["plain"]["over_bound"]]
+                r["plain"]["over_bound"], r["plain"]["graph_step_ms"], r["plain"]["graph_over_bound"]]
+    assert r["graphs"] == {"captured": False, "buckets": 4}  # plain + widths 16, 32, 64
     trees = r["eagle2"]["trees"]
     assert [t["total_tokens"] for t in trees] == [16, 32, 60]
     for t in trees:
         positive += [t[k] for k in ("draft_ms", "verify_ms", "step_ms", "step_over_plain", "tau",
-                                    "implied_speedup")]
+                                    "implied_speedup", "verify_graph_ms", "step_graph_ms",
+                                    "step_graph_over_plain_graph", "implied_speedup_graph")]
         assert t["step_ms"] == pytest.approx(t["draft_ms"] + t["verify_ms"])
+        assert t["step_graph_ms"] == pytest.approx(t["draft_ms"] + t["verify_graph_ms"])
+        assert t["graph_width"] == {16: 16, 32: 32, 60: 64}[t["total_tokens"]]
         assert t["tau_total_tokens"] == 16  # the family report's only EAGLE-2 tree size
     assert all(isinstance(v, (int, float)) and v > 0 for v in positive), positive
-    for name in ("plain_over_bound", "eagle2_60_over_plain"):
+    for name in ("plain_over_bound", "eagle2_60_over_plain", "plain_graph_over_bound",
+                 "eagle2_60_graph_over_plain_graph"):
         target = r["targets"][name]
         assert target["value"] > 0 and target["limit"] > 0 and isinstance(target["met"], bool)
 

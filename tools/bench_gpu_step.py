@@ -22,6 +22,10 @@ over `--iters` calls after `--warmup`; on a GPU synchronised before and after ea
 - verify: a random tree of N tokens (parents[i] uniform in [0, i)): `build_tree`, the
   target forward over the N tokens, lm_head, greedy acceptance. The KV compaction of
   the accepted path is not timed.
+- with CUDA graphs (`specdec.graphs.DecodeGraphs`, what `cuda_graph_mode` serves
+  with): the plain step and the verify forward again, replayed from a graph (the tree
+  padded to the next power of two: 60 -> 64 tokens). The draft is not graphed. On CPU
+  the same padded static forward runs without capture.
 - implied speedup = τ × plain step / (draft + verify), τ = the EAGLE-2 τ of
   `--family-report` at the total_tokens closest to N (pooled over its question sets),
   or `--tau` when given.
@@ -52,6 +56,7 @@ sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
 from bench import machine_info  # noqa: E402
+from specdec.graphs import DecodeGraphs, width_bucket  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.random_init import random_eagle_head, random_llama  # noqa: E402
 from specdec.ops import build_tree, verify_greedy  # noqa: E402
@@ -182,19 +187,29 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
 
     gen = torch.Generator().manual_seed(args.seed)
     vocab, max_tree = config["vocab_size"], max(args.trees)
-    cache = target.new_cache(1, args.context + max_tree)
+    spare = args.context + width_bucket(max_tree)  # past it: the graphs' spare positions (unused at batch 1)
+    cache = target.new_cache(1, spare + width_bucket(max_tree))
+    graphs = DecodeGraphs(target, cache, (), max_batch=1, spare_start=spare)
     slots = torch.zeros(1, dtype=torch.long, device=device)
     prefix = torch.full((1,), args.context, dtype=torch.long, device=device)
 
     token = torch.randint(vocab, (1, 1), generator=gen).to(device)  # [1, 1]
 
     def plain_step():
-        batch = AttentionBatch.build(slots, prefix, torch.ones(1, 1, 1, dtype=torch.bool, device=device))
+        batch = AttentionBatch.build(slots, prefix, torch.ones(1, 1, 1, dtype=torch.bool, device=device),
+                                     max_prefix=args.context)
         hidden, _ = target(token, prefix[:, None], cache, batch)
+        return target.logits(hidden).argmax(-1)
+
+    def plain_graph_step():
+        batch = AttentionBatch.build(slots, prefix, torch.ones(1, 1, 1, dtype=torch.bool, device=device),
+                                     max_prefix=args.context)
+        hidden, _ = graphs.forward(token, prefix[:, None], batch, aux=False)
         return target.logits(hidden).argmax(-1)
 
     with torch.inference_mode():
         plain_ms = time_ms(plain_step)
+        plain_graph_ms = time_ms(plain_graph_step)
 
         # The drafter's request, as after a verify step: the target has `context` tokens
         # cached, the head has consumed all but the last `pairs` (the accepted path,
@@ -220,25 +235,48 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
 
             def verify_step():
                 tb = build_tree(parents, num_nodes, prefix)
-                batch = AttentionBatch.build(slots, prefix, tb.tree_mask)
+                batch = AttentionBatch.build(slots, prefix, tb.tree_mask, max_prefix=args.context)
                 hidden, _ = target(cand, tb.positions, cache, batch)
                 return verify_greedy(cand, parents, num_nodes, target.logits(hidden).argmax(-1))
 
+            width = width_bucket(n)
+            parents_w = torch.full((1, width), -1, dtype=torch.long, device=device)  # [1, W] padded as served
+            parents_w[:, :n] = parents
+            cand_w = torch.zeros(1, width, dtype=torch.long, device=device)
+            cand_w[:, :n] = cand
+
+            def verify_graph_step():
+                tb = build_tree(parents_w, num_nodes, prefix)
+                batch = AttentionBatch.build(slots, prefix, tb.tree_mask, max_prefix=args.context)
+                hidden, _ = graphs.forward(cand_w, tb.positions, batch, aux=False)
+                return verify_greedy(cand_w, parents_w, num_nodes, target.logits(hidden).argmax(-1))
+
             verify_ms = time_ms(verify_step)
+            verify_graph_ms = time_ms(verify_graph_step)
             step_ms = draft_ms + verify_ms
+            step_graph_ms = draft_ms + verify_graph_ms
             tau = taus[n]
             trees.append(dict(total_tokens=n, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
                               step_over_plain=step_ms / plain_ms, tau=tau["tau"],
                               tau_total_tokens=tau["total_tokens"], tau_source=tau["source"],
-                              implied_speedup=tau["tau"] * plain_ms / step_ms))
+                              implied_speedup=tau["tau"] * plain_ms / step_ms,
+                              graph_width=width, verify_graph_ms=verify_graph_ms, step_graph_ms=step_graph_ms,
+                              step_graph_over_plain_graph=step_graph_ms / plain_graph_ms,
+                              implied_speedup_graph=tau["tau"] * plain_graph_ms / step_graph_ms))
 
     # value and met are None when --trees leaves out the 60-token tree.
     at_limit = next((t["step_over_plain"] for t in trees if t["total_tokens"] == EAGLE_LIMIT_TOKENS), None)
+    at_limit_g = next((t["step_graph_over_plain_graph"] for t in trees if t["total_tokens"] == EAGLE_LIMIT_TOKENS),
+                      None)
     targets = dict(
         plain_over_bound=dict(value=plain_ms / bound_ms, limit=PLAIN_LIMIT,
                               met=plain_ms / bound_ms <= PLAIN_LIMIT),
         eagle2_60_over_plain=dict(value=at_limit, limit=EAGLE_LIMIT,
-                                  met=None if at_limit is None else at_limit <= EAGLE_LIMIT))
+                                  met=None if at_limit is None else at_limit <= EAGLE_LIMIT),
+        plain_graph_over_bound=dict(value=plain_graph_ms / bound_ms, limit=PLAIN_LIMIT,
+                                    met=plain_graph_ms / bound_ms <= PLAIN_LIMIT),
+        eagle2_60_graph_over_plain_graph=dict(value=at_limit_g, limit=EAGLE_LIMIT,
+                                              met=None if at_limit_g is None else at_limit_g <= EAGLE_LIMIT))
     machine = machine_info(str(device))
     report = dict(
         tool="tools/bench_gpu_step.py", command=" ".join(["python", "tools/bench_gpu_step.py", *args.argv]),
@@ -248,7 +286,9 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
         shape=args.shape, config=config, head_config=head_config, dtype=args.dtype, batch=1,
         context=args.context, iters=args.iters, warmup=args.warmup, seed=args.seed,
         copy=copy, weights=weights, bandwidth_bound_ms=bound_ms,
-        plain=dict(step_ms=plain_ms, over_bound=plain_ms / bound_ms),
+        plain=dict(step_ms=plain_ms, over_bound=plain_ms / bound_ms, graph_step_ms=plain_graph_ms,
+                   graph_over_bound=plain_graph_ms / bound_ms),
+        graphs=dict(captured=graphs.capture, buckets=len(graphs.graphs)),
         eagle2=dict(depth=args.depth, top_k=args.top_k, head_layers=1, catch_up_pairs=pairs, trees=trees),
         targets=targets)
     if device.type == "cuda":
@@ -279,22 +319,28 @@ def format_report(r: dict) -> str:
         f"device-to-device copy in {c['ms']:.3f} ms)",
         f"target weights: {_bytes(w['target_bytes'])} -> bandwidth bound {r['bandwidth_bound_ms']:.3f} ms "
         f"(KV read at this context: {_bytes(w['kv_read_bytes_plain_step'])}, not in the bound)",
-        f"plain decode step: {r['plain']['step_ms']:.3f} ms = {r['plain']['over_bound']:.2f}x the bound",
+        f"plain decode step: {r['plain']['step_ms']:.3f} ms = {r['plain']['over_bound']:.2f}x the bound; "
+        f"from a CUDA graph{'' if r['graphs']['captured'] else ' (emulated: no capture on CPU)'}: "
+        f"{r['plain']['graph_step_ms']:.3f} ms = {r['plain']['graph_over_bound']:.2f}x",
         f"EAGLE-2 draft: depth {r['eagle2']['depth']}, top_k {r['eagle2']['top_k']}, 1-layer head "
         f"({_bytes(w['head_bytes'])}), catch-up over {r['eagle2']['catch_up_pairs']} pairs",
         "",
-        "| tree tokens | draft ms | verify ms | step ms | step / plain | τ (from) | implied speedup |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| tree tokens | draft ms | verify ms | step ms | step / plain | τ (from) | implied speedup "
+        "| graph verify ms (width) | graph step / graph plain | implied speedup, graphs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in r["eagle2"]["trees"]:
         tau_from = "--tau" if row["tau_total_tokens"] is None else f"family, {row['tau_total_tokens']} tokens"
         lines.append(f"| {row['total_tokens']} | {row['draft_ms']:.3f} | {row['verify_ms']:.3f} | "
                      f"{row['step_ms']:.3f} | {row['step_over_plain']:.2f} | {row['tau']:.2f} ({tau_from}) | "
-                     f"{row['implied_speedup']:.2f} |")
+                     f"{row['implied_speedup']:.2f} | {row['verify_graph_ms']:.3f} ({row['graph_width']}) | "
+                     f"{row['step_graph_over_plain_graph']:.2f} | {row['implied_speedup_graph']:.2f} |")
     lines += ["",
               f"target plain step <= {PLAIN_LIMIT}x bandwidth bound: {_verdict(t['plain_over_bound'])}",
               f"target EAGLE-2 step ({EAGLE_LIMIT_TOKENS} tokens) <= {EAGLE_LIMIT}x plain step: "
-              f"{_verdict(t['eagle2_60_over_plain'])}"]
+              f"{_verdict(t['eagle2_60_over_plain'])}",
+              f"with CUDA graphs (verify and plain; draft eager): plain {_verdict(t['plain_graph_over_bound'])}; "
+              f"EAGLE-2 {EAGLE_LIMIT_TOKENS} tokens {_verdict(t['eagle2_60_graph_over_plain_graph'])}"]
     return "\n".join(lines)
 
 

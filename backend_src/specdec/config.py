@@ -52,6 +52,11 @@ class EngineConfig:
     # concurrency 8-32 on the 2-core CPU, docs/benchmarks.md section 2); adaptive tracks
     # plain there and keeps the batch-1 speedup.
     adaptive_speculation: bool = True
+    # CUDA graphs for decode/verify forwards of batches up to this size (graphs.py;
+    # TensorRT-LLM's `cuda_graph_mode`). Off by default: it has only run emulated on CPU
+    # (the padded static forward without capture), never captured on a GPU yet.
+    cuda_graph_mode: bool = False
+    cuda_graph_max_batch_size: int = 16
     seed: int = 0  # engine generator for requests that send no seed
 
     @classmethod
@@ -83,7 +88,8 @@ class EngineConfig:
         if self.speculative_method not in METHODS:
             raise ConfigError(f"parameter 'speculative_method' must be one of {', '.join(METHODS)}, "
                               f"got {self.speculative_method!r}")
-        for name in ("max_batch_size", "max_seq_len", "max_tokens_limit", "eagle_depth", "eagle_top_k"):
+        for name in ("max_batch_size", "max_seq_len", "max_tokens_limit", "eagle_depth", "eagle_top_k",
+                     "cuda_graph_max_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parameter {name!r} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:

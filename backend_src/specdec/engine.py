@@ -18,6 +18,7 @@ caller's (`generate`).
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import torch
 
 from .config import EngineConfig
 from .errors import BusyError, ConfigError
+from .graphs import DecodeGraphs, GraphUnavailable
 from .kv_cache import AttentionBatch, SlotAllocator
 from .memory import free_device_bytes, kv_budget
 from .models.checkpoint import read_config, torch_dtype
@@ -47,6 +49,7 @@ from .spec.loader import load_drafters
 from .stopping import cut_new_tokens
 
 Emit = Callable[[StepOutput], None]
+LOG = logging.getLogger("specdec")
 
 
 @dataclass
@@ -118,6 +121,10 @@ class Engine:
             drafter.allocate(self.num_slots)
         self.slots = SlotAllocator(self.num_slots)
         self.aux_layers = eagle3_feature_layers(self.target.shape.num_hidden_layers)
+        self.graphs: Optional[DecodeGraphs] = None
+        if config.cuda_graph_mode:
+            self.graphs = DecodeGraphs(self.target, self.cache, self.aux_layers, config.cuda_graph_max_batch_size,
+                                       spare_start=positions)
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
         self.metrics = EngineMetrics()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
@@ -129,7 +136,11 @@ class Engine:
         self.owner = threading.current_thread()  # loaded here: the thread to run every step in
         self._stop = False
         self.policy.calibrate(self)
-        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), describe(self.policy)]))
+        graphs = None
+        if self.graphs is not None:
+            graphs = (f"CUDA graphs for decode steps of <= {self.graphs.max_batch} requests"
+                      + ("" if self.graphs.capture else " (emulated on CPU: padded static forwards, no capture)"))
+        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), graphs, describe(self.policy)]))
 
     # -- public API ----------------------------------------------------------------------
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
@@ -286,7 +297,7 @@ class Engine:
         aux_layers = self.aux_layers if any(d is not None and d.needs_aux for d in drafters) else ()
         host_slots = [s.slot for s in states]
         batch = AttentionBatch.build(torch.tensor(host_slots, device=dev), torch.zeros(B, dtype=torch.long, device=dev),
-                                     causal_mask(B, L, dev), host_slots=host_slots)
+                                     causal_mask(B, L, dev), host_slots=host_slots, max_prefix=0)
         with torch.inference_mode():
             positions = torch.arange(L, device=dev)[None].expand(B, L)
             hidden, aux = self.target(ids, positions, self.cache, batch, aux_layers)
@@ -350,6 +361,9 @@ class Engine:
                 trees: list[DraftTree]) -> None:
         B, dev = len(states), self.device
         N = max(t.num_nodes for t in trees)
+        graphed = self.graphs is not None and self.graphs.covers(B)
+        if graphed:
+            N = self.graphs.width(N)  # extra nodes are padding, as a smaller tree's are
         cand = torch.zeros(B, N, dtype=torch.long, device=dev)
         parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
         for b, t in enumerate(trees):
@@ -365,10 +379,11 @@ class Engine:
                              next_sibling=None)
         else:
             tb = build_tree(parents, num_nodes, prefix)
-        batch = AttentionBatch.build(slots, prefix, tb.tree_mask, host_slots=host_slots)
+        batch = AttentionBatch.build(slots, prefix, tb.tree_mask, host_slots=host_slots,
+                                     max_prefix=max(s.cached_len for s in states))
         need_aux = any(self.drafters.get(st.method) is not None and self.drafters[st.method].needs_aux
                        for st in (s.settings for s in states))
-        hidden, aux = self.target(cand, tb.positions, self.cache, batch, self.aux_layers if need_aux else ())
+        hidden, aux = self.target_step(cand, tb.positions, batch, need_aux)
         rows = [LogitsRow(s.req, s.tokens, len(s.tokens) - s.prompt_len) for s in states]
         logits = process_logits(self.target.logits(hidden), rows, tb.depth)  # [B, N, V]
 
@@ -419,11 +434,12 @@ class Engine:
         if N > 1:
             kv_compact(self.cache.kv, slots, prefix, accepted, accept_len)
 
-        # Host sync: the accepted tokens are needed on the host to be emitted.
-        accept_host = accept_len.tolist()
-        accepted_host = accepted.tolist()
-        bonus_host = bonus.tolist()
-        cand_host = cand.tolist()
+        # The step's one necessary host sync: the accepted tokens are emitted from the host.
+        host = torch.cat((accept_len[:, None], bonus[:, None], accepted, cand), dim=1).tolist()  # [B, 2 + 2N]
+        accept_host = [row[0] for row in host]
+        bonus_host = [row[1] for row in host]
+        accepted_host = [row[2: 2 + N] for row in host]
+        cand_host = [row[2 + N:] for row in host]
         # Drafters update their state in one call each, before any request finishes.
         by_drafter: dict[int, list[int]] = collections.defaultdict(list)
         for b, s in enumerate(states):
@@ -449,6 +465,19 @@ class Engine:
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs)
             self.policy.observe(s, drafted, a)
+
+    def target_step(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool
+                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The target forward of a decode/verify step (ids [B, N]): through a CUDA
+        graph when one covers the batch (graphs.py), else eagerly."""
+        if self.graphs is not None and self.graphs.covers(ids.shape[0]) and ids.shape[1] == self.graphs.width(
+                ids.shape[1]):
+            try:
+                return self.graphs.forward(ids, positions, batch, aux)
+            except GraphUnavailable as e:
+                self.graphs = None
+                LOG.warning("%s; CUDA graphs are off for this model instance", e)
+        return self.target(ids, positions, self.cache, batch, self.aux_layers if aux else ())
 
     def _count(self, s: RequestState, drafted: int, accepted: int) -> None:
         st = s.stats

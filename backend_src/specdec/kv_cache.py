@@ -30,23 +30,27 @@ class AttentionBatch:
     mask: torch.Tensor  # [B, 1, T, key_len] bool: query t may attend to key s
     key_len: int  # keys read per request: max(prefix_len) + T
     first_slot: Optional[int] = None  # set when slots are first_slot, first_slot + 1, ...: reads are views
+    static: bool = False  # a graph's buffers: reads never depend on the slots' values on the host (graphs.py)
 
     @staticmethod
     def build(slots: torch.Tensor, prefix_len: torch.Tensor, local_mask: torch.Tensor,
-              write_offset: int = 0, host_slots: Optional[Sequence[int]] = None) -> "AttentionBatch":
+              write_offset: int = 0, host_slots: Optional[Sequence[int]] = None,
+              max_prefix: Optional[int] = None) -> "AttentionBatch":
         """Keys `[0, prefix_len)` are visible to every new token; keys in the window
         `[prefix_len, prefix_len + W)` are visible as `local_mask[B, T, W]` says (causal
         for a chain, ancestors for a tree). The T new tokens are written at
         `prefix_len + write_offset + t`, so `W == write_offset + T`: a drafter that
         grows a tree depth by depth writes each depth after the last one. `host_slots`
         (the slots as a host list, when the caller has them) lets consecutive slots be
-        read in place instead of gathered."""
+        read in place instead of gathered; `max_prefix` (`prefix_len.max()`, when the
+        caller knows it on the host) spares a device-to-host sync."""
         B, T, W = local_mask.shape
         assert W == write_offset + T, (W, write_offset, T)
         assert slots.shape == (B,) and prefix_len.shape == (B,), (slots.shape, prefix_len.shape)
         device = local_mask.device
-        # One host read of the largest prefix: it fixes the key length of the step.
-        key_len = int(prefix_len.max().item()) + W
+        if max_prefix is None:  # a host sync: the largest prefix fixes the key length
+            max_prefix = int(prefix_len.max().item())
+        key_len = max_prefix + W
         window = prefix_len[:, None] + torch.arange(W, device=device)[None, :]  # [B, W]
         mask = torch.arange(key_len, device=device)[None, None, :] < prefix_len[:, None, None]
         mask = mask.expand(B, T, key_len).clone()
@@ -81,20 +85,23 @@ class KVCache:
         gathered into a buffer allocated once and reused by every layer and step
         (allocating ~MBs per layer per step cost more than the attention on CPU)."""
         B, n = batch.slots.shape[0], batch.key_len
-        if B == 1 and batch.first_slot is None:
+        if B == 1 and batch.first_slot is None and not batch.static:
             s = batch.slots[0]
             return self.kv[layer, 0, s, :, :n][None], self.kv[layer, 1, s, :, :n][None]
         if batch.first_slot is not None:
             s = slice(batch.first_slot, batch.first_slot + B)
             return self.kv[layer, 0, s, :, :n], self.kv[layer, 1, s, :, :n]
-        if self._gather is None:
-            self._gather = torch.empty(2, self.kv[0, 0].numel(), dtype=self.kv.dtype, device=self.kv.device)
+        self.reserve_gather()
         H, D = self.kv.shape[3], self.kv.shape[5]
         k = self._gather[0, : B * H * n * D].view(B, H, n, D)
         v = self._gather[1, : B * H * n * D].view(B, H, n, D)
         torch.index_select(self.kv[layer, 0, :, :, :n], 0, batch.slots, out=k)
         torch.index_select(self.kv[layer, 1, :, :, :n], 0, batch.slots, out=v)
         return k, v
+
+    def reserve_gather(self) -> None:
+        if self._gather is None:
+            self._gather = torch.empty(2, self.kv[0, 0].numel(), dtype=self.kv.dtype, device=self.kv.device)
 
 
 class SlotAllocator:

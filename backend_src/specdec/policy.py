@@ -348,6 +348,8 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     after `prefix_len` cached ones, logits of every node, one host sync (the first of
     four runs is a warm-up)."""
     target, dev = engine.target, engine.device
+    if engine.graphs is not None and engine.graphs.covers(B):
+        N = engine.graphs.width(N)  # served padded to the graph's width: time that
     slots = torch.arange(B, device=dev)
     prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)
     ids = torch.zeros(B, N, dtype=torch.long, device=dev)
@@ -356,8 +358,9 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     with torch.inference_mode():
         for _ in range(4):
             t0 = time.perf_counter()
-            batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev), host_slots=range(B))
-            hidden, _ = target(ids, pos, engine.cache, batch)
+            batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev), host_slots=range(B),
+                                         max_prefix=prefix_len)
+            hidden, _ = engine.target_step(ids, pos, batch, aux=False)
             target.logits(hidden).argmax(-1).tolist()
             times.append(time.perf_counter() - t0)
     return sorted(times[1:])[1]

@@ -70,7 +70,8 @@ class DraftModelDrafter:
         start = torch.tensor([s.draft.draft_len for s in states], device=device)
         host_slots = [s.slot for s in states]
         slots = torch.tensor(host_slots, device=device)
-        batch = AttentionBatch.build(slots, start, causal_mask(B, T, device), host_slots=host_slots)
+        batch = AttentionBatch.build(slots, start, causal_mask(B, T, device), host_slots=host_slots,
+                                     max_prefix=max(s.draft.draft_len for s in states))
         hidden, _ = self.model(tokens, start[:, None] + torch.arange(T, device=device)[None], self.cache, batch)
         last = hidden[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
         for s, n in zip(states, lens):

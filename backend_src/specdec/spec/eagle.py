@@ -135,7 +135,8 @@ class EagleDrafter:
         # Rows past a request's pending count are padding: their outputs are dropped and
         # their head KV entries land in the scratch region.
         feats = self.feats[slots[:, None], positions]  # [B, M, F]
-        batch = AttentionBatch.build(slots, head_len, causal_mask(B, M, device), host_slots=host_slots)
+        batch = AttentionBatch.build(slots, head_len, causal_mask(B, M, device), host_slots=host_slots,
+                                     max_prefix=max(s.draft.head_len for s in states))
         x = self.head.fc(feats) if self.eagle3 else feats
         out = self._head(tokens, x, positions, batch)
         for b, s in enumerate(states):
@@ -156,6 +157,7 @@ class EagleDrafter:
         host_slots = [s.slot for s in states]
         slots = torch.tensor(host_slots, device=device)
         head_len = torch.tensor([s.draft.head_len for s in states], device=device)
+        max_head = max(s.draft.head_len for s in states)
         logp, d2t = self._log_probs(last, self.score_temperature)
         score, tok = logp.topk(k, dim=-1)  # [B, k] depth-1 candidates, best first
         tok = self._to_target(tok, d2t)
@@ -168,7 +170,8 @@ class EagleDrafter:
         for d in range(2, depth + 1):
             region = anc.shape[-1]
             local = torch.cat((anc, eye), dim=-1)  # [B, k, region + k]
-            batch = AttentionBatch.build(slots, head_len, local, write_offset=region, host_slots=host_slots)
+            batch = AttentionBatch.build(slots, head_len, local, write_offset=region, host_slots=host_slots,
+                                         max_prefix=max_head)
             positions = (head_len + d - 2)[:, None].expand(B, k)
             out = self._head(front_tok, front_feat, positions, batch)  # [B, k, H]
             lp, ctok = self._log_probs(out, self.score_temperature)[0].topk(k, dim=-1)  # [B, k, k]
@@ -223,7 +226,8 @@ class EagleDrafter:
             T = lv.nodes.shape[0]
             feats = torch.where(lv.from_root[None, :, None], last[:, None], node_out[:, lv.parents])
             batch = AttentionBatch.build(slots, head_len, lv.local[None].expand(B, T, lv.local.shape[1]),
-                                         write_offset=lv.local.shape[1] - T, host_slots=host_slots)
+                                         write_offset=lv.local.shape[1] - T, host_slots=host_slots,
+                                         max_prefix=max(s.draft.head_len for s in states))
             positions = (head_len + lv.depth - 1)[:, None].expand(B, T)
             out = self._head(tokens[:, lv.nodes], feats, positions, batch)
             node_out[:, lv.nodes] = out

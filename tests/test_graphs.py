@@ -1,0 +1,122 @@
+"""CUDA graphs for decode steps (`cuda_graph_mode`, graphs.py).
+
+On CPU the graph path runs emulated: the same padded static buffers (batch, tree
+width and key length rounded up to buckets, padding rows writing into spare positions)
+without capture. These tests prove the padding changes nothing: outputs and every
+request's KV entries equal the eager forward's. On a GPU the last test captures real
+graphs and compares them with eager decoding.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_helpers import code_prompts, make_engine, request, run_batch
+from specdec.graphs import MIN_KEYS, batch_bucket, keys_bucket, width_bucket
+from specdec.kv_cache import AttentionBatch
+from specdec.ops.tree_mask import build_tree
+
+
+def test_buckets_cover_and_are_few():
+    for n in range(1, 129):
+        assert n <= batch_bucket(n) and batch_bucket(n) <= max(8, n + 15)
+        assert n <= width_bucket(n) < 2 * n
+        for limit in (200, 4097):
+            k = keys_bucket(n, limit)
+            assert min(n, limit) <= k <= limit and (k == limit or k >= MIN_KEYS)
+    assert len({batch_bucket(n) for n in range(1, 65)}) == 10  # 1 2 4 8 12 16 24 32 48 64
+    assert all(batch_bucket(a) <= batch_bucket(b) for a in range(1, 64) for b in range(a, 65))
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return make_engine(dtype="float64"), make_engine(dtype="float64", cuda_graph_mode=True,
+                                                      cuda_graph_max_batch_size=4)
+
+
+def _step(engine, slots, prefix, num, parents, ids):
+    tb = build_tree(parents, num, prefix)
+    batch = AttentionBatch.build(slots, prefix, tb.tree_mask, host_slots=slots.tolist())
+    with torch.inference_mode():
+        return engine.target_step(ids, tb.positions, batch, aux=True)
+
+
+def _random_tree(gen: torch.Generator, B: int, nodes: int, width: int, vocab: int):
+    """B random trees, the first of `nodes` nodes, the others of 1..nodes, padded to `width`."""
+    num = torch.randint(1, nodes + 1, (B,), generator=gen)
+    num[0] = nodes
+    parents = torch.full((B, width), -1, dtype=torch.long)
+    for b in range(B):
+        for i in range(1, int(num[b])):
+            parents[b, i] = int(torch.randint(0, i, (1,), generator=gen))
+    ids = torch.zeros(B, width, dtype=torch.long)
+    ids[:, :nodes] = torch.randint(0, vocab, (B, nodes), generator=gen)
+    return num, parents, ids
+
+
+@pytest.mark.parametrize("B,nodes", [(1, 1), (3, 1), (2, 5), (3, 16), (1, 64), (4, 3)])
+def test_graph_forward_equals_eager_and_writes_only_its_own_entries(engines, B, nodes):
+    """A graphed step after a larger one in the same bucket (more rows, longer keys: the
+    buffers hold its stale inputs) equals the eager forward on every real node, and
+    changes no KV entry a request owns except the step's own."""
+    eager, graphed = engines
+    gen = torch.Generator().manual_seed(B * 100 + nodes)
+    width = graphed.graphs.width(nodes)
+    slots = torch.randperm(graphed.num_slots, generator=gen)[:B].sort().values
+    prefix = torch.randint(0, 200, (B,), generator=gen)
+    num, parents, ids = _random_tree(gen, B, nodes, width, graphed.vocab_size)
+    keys = keys_bucket(int(prefix.max()) + width, graphed.cache.max_len)
+    rows = min(batch_bucket(B), graphed.graphs.max_batch)
+    warm = _random_tree(gen, rows, width, width, graphed.vocab_size)
+    _step(graphed, torch.arange(rows), torch.full((rows,), keys - width), *warm)
+    graphed.cache.kv.copy_(torch.randn(graphed.cache.kv.shape, generator=gen, dtype=torch.float64))
+    eager.cache.kv.copy_(graphed.cache.kv)
+    h0, a0 = _step(eager, slots, prefix, num, parents[:, :nodes], ids[:, :nodes])
+    h1, a1 = _step(graphed, slots, prefix, num, parents, ids)
+    assert sum(k.batch == rows and k.width == width and k.keys == keys for k in graphed.graphs.graphs) == 1
+    own = torch.arange(nodes)[None] < num[:, None]  # [B, nodes] each request's real nodes
+    torch.testing.assert_close(h1[:, :nodes][own], h0[own], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(a1[:, :nodes][own], a0[own], rtol=1e-12, atol=1e-12)
+    context = graphed.max_context + 1  # positions a request can own; past them: spare
+    kv0, kv1 = eager.cache.kv, graphed.cache.kv
+    for s in range(graphed.num_slots):
+        mine = [b for b in range(B) if int(slots[b]) == s]
+        # A step's own slot: its new entries as computed (a padded matmul may round the
+        # last bit differently), nothing else before or after them but its tree's padding.
+        n = int(prefix[mine[0]]) if mine else context
+        assert torch.equal(kv1[:, :, s, :, :n], kv0[:, :, s, :, :n]), s
+        if mine:
+            new = slice(n, n + int(num[mine[0]]))
+            torch.testing.assert_close(kv1[:, :, s, :, new], kv0[:, :, s, :, new], rtol=1e-12, atol=1e-12)
+            after = slice(n + width, context)
+            assert torch.equal(kv1[:, :, s, :, after], kv0[:, :, s, :, after]), s
+
+
+def test_graphed_engine_generates_what_eager_does():
+    """Greedy and seeded sampled requests of mixed methods, more than the graphs cover
+    at once (batch 5 > 4 runs eagerly, smaller batches through the graphs, batch 3 with
+    a padding row), give the eager engine's tokens exactly."""
+    prompts = code_prompts(5, max_tokens=96)
+    methods = ["eagle2", "none", "medusa", "eagle3", "draft_model"]
+
+    def batch():
+        reqs = [request(p, 40, m, rid=f"{m}-g") for p, m in zip(prompts, methods)]
+        reqs += [request(prompts[0], 30, "eagle2", rid="sampled", temperature=0.8, top_p=0.9, seed=7)]
+        return reqs
+
+    eager = run_batch(make_engine(dtype="float64", max_batch_size=5), batch())
+    engine = make_engine(dtype="float64", max_batch_size=5, cuda_graph_mode=True, cuda_graph_max_batch_size=4)
+    assert run_batch(engine, batch()) == eager
+    assert any(k.batch == 4 for k in engine.graphs.graphs), "no step padded to a bucket"
+    assert "emulated on CPU" in engine.load_note
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (captures real graphs)")
+def test_captured_graphs_decode_like_eager_on_gpu():
+    prompts = code_prompts(4, max_tokens=96)
+    reqs = lambda: [request(p, 48, m, rid=m) for p, m in zip(prompts, ["eagle2", "none", "eagle3", "medusa"])]  # noqa: E731
+    eager = run_batch(make_engine(device="cuda", dtype="float32"), reqs())
+    engine = make_engine(device="cuda", dtype="float32", cuda_graph_mode=True, cuda_graph_max_batch_size=4)
+    assert engine.graphs is not None and engine.graphs.capture
+    assert run_batch(engine, reqs()) == eager
+    assert all(g.graph is not None for g in engine.graphs.graphs.values())
