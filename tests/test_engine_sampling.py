@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.kv_cache import AttentionBatch
 from specdec.models.layers import causal_mask
-from specdec.sampling import LogitsRow, probabilities, process_logits, sampling_tensors
+from specdec.sampling import LogitsRow, SamplingTensors, probabilities, process_logits, sampling_tensors
 
 TEMPERATURE, TOP_P = 0.9, 0.95
 TRIALS = 1500
@@ -37,8 +37,7 @@ def _next_probs(engine, ids: list[int], req) -> torch.Tensor:
         logits = engine.target.logits(hidden[:, -1:])
     row = LogitsRow(req, ids, T - len(req.input_ids))
     processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long))
-    temp, top_k, top_p = sampling_tensors([row], "cpu")
-    return probabilities(processed, temp, top_k, top_p)[0, 0]
+    return probabilities(processed, sampling_tensors([row], "cpu"))[0, 0]
 
 
 @pytest.mark.parametrize("method", ["eagle2", "draft_model", "medusa"])
@@ -88,9 +87,10 @@ def test_top_k_top_p_over_a_tree_equal_each_node_alone():
     """probabilities() on [B, N, V] with N > 1 (a tree's nodes): every node filtered as if alone."""
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11)
-    temp, top_k, top_p = torch.tensor([1.0, 0.7, 1.3]), torch.tensor([0, 4, 2]), torch.tensor([0.8, 1.0, 0.5])
-    probs = probabilities(logits, temp, top_k, top_p)
+    params = SamplingTensors(torch.tensor([1.0, 0.7, 1.3]), torch.tensor([0, 4, 2]), torch.tensor([0.8, 1.0, 0.5]),
+                             truncate=True)
+    probs = probabilities(logits, params)
     for b in range(3):
         for n in range(5):
-            alone = probabilities(logits[b:b + 1, n:n + 1], temp[b:b + 1], top_k[b:b + 1], top_p[b:b + 1])
+            alone = probabilities(logits[b:b + 1, n:n + 1], params.rows(b, b + 1))
             torch.testing.assert_close(probs[b, n], alone[0, 0])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from .prefill import prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
+from .transfer import host_to_device, to_device
 from .spec.base import AcceptedBatch, DraftTree, TreeSettings
 from .spec.loader import load_drafters
 from .stopping import cut_new_tokens
@@ -127,7 +129,7 @@ class Engine:
                                        spare_start=positions)
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
         self.metrics = EngineMetrics()
-        self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self._seeds = random.Random(config.seed)  # seeds of requests that send none
         self._waiting: collections.deque = collections.deque()
         self._running: list[RequestState] = []
         self._cancel: set[str] = set()
@@ -269,7 +271,7 @@ class Engine:
                 req, emit, settings = self._waiting.popleft()
             seed = req.sampling.seed
             if seed is None:
-                seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+                seed = self._seeds.getrandbits(62)
             state = RequestState(req=req, emit=emit, slot=self.slots.take(), tokens=list(req.input_ids),
                                  prompt_len=len(req.input_ids), rng=RequestRng(seed), settings=settings)
             self._running.append(state)
@@ -290,41 +292,40 @@ class Engine:
         dev = self.device
         B, lens = len(states), [len(s.tokens) for s in states]
         L = max(lens)
-        ids = torch.zeros(B, L, dtype=torch.long, device=dev)
-        for b, s in enumerate(states):
-            ids[b, : lens[b]] = torch.tensor(s.tokens, device=dev)
+        ids = to_device([s.tokens + [0] * (L - len(s.tokens)) for s in states], dev)  # [B, L]
         drafters = [self.drafters.get(s.settings.method) for s in states]
         aux_layers = self.aux_layers if any(d is not None and d.needs_aux for d in drafters) else ()
         host_slots = [s.slot for s in states]
-        batch = AttentionBatch.build(torch.tensor(host_slots, device=dev), torch.zeros(B, dtype=torch.long, device=dev),
+        meta = to_device([host_slots, [n - 1 for n in lens]], dev)  # [2, B]: slots, last prompt positions
+        batch = AttentionBatch.build(meta[0], torch.zeros(B, dtype=torch.long, device=dev),
                                      causal_mask(B, L, dev), host_slots=host_slots, max_prefix=0)
         with torch.inference_mode():
             positions = torch.arange(L, device=dev)[None].expand(B, L)
             hidden, aux = self.target(ids, positions, self.cache, batch, aux_layers)
-            last = hidden[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]  # [B, H]
+            last = hidden[torch.arange(B, device=dev), meta[1]]  # [B, H]
             logits = self.target.logits(last[:, None])  # [B, 1, V]
             firsts = []
             for b, (s, drafter) in enumerate(zip(states, drafters)):
                 s.cached_len = lens[b]
-                firsts.append(self._sample_single(s, logits[b : b + 1]))
+                firsts.append(self._first_token(s, logits[b : b + 1]))
                 if drafter is not None:
                     drafter.prefill(s, hidden[b, : lens[b]], aux[b, : lens[b]] if aux is not None else None)
-        for s, (token, logp) in zip(states, firsts):
-            self._emit(s, [token], [logp])
+            # The prefill's one host sync: the first tokens are emitted from the host
+            # (ids travel as float64, exact below 2**53, beside their log-probs).
+            host = torch.stack([torch.stack((token.double(), logp.double())) for token, logp in firsts]).tolist()
+        for s, (token, logp) in zip(states, host):
+            self._emit(s, [int(token)], [logp])
 
-    def _sample_single(self, state: RequestState, logits: torch.Tensor) -> tuple[int, float]:
-        """First token after prefill: logits [1, 1, V]."""
+    def _first_token(self, state: RequestState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """First token after prefill and its log-prob, on the device (0-d): logits [1, 1, V]."""
         row = LogitsRow(state.req, state.tokens, 0)
         processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long, device=self.device))
         if state.req.sampling.greedy:
-            token = int(processed[0, 0].argmax())
-            logp = torch.log_softmax(processed[0, 0], -1)[token]
-        else:
-            temp, top_k, top_p = sampling_tensors([row], self.device)
-            probs = probabilities(processed, temp, top_k, top_p)[0]
-            token = int(sample_inverse_cdf(probs, state.rng.uniforms(1).to(self.device))[0])
-            logp = torch.log(probs[0, token])
-        return token, float(logp)
+            token = processed[0, 0].argmax()
+            return token, torch.log_softmax(processed[0, 0], -1)[token]
+        probs = probabilities(processed, sampling_tensors([row], self.device))[0]  # [1, V]
+        token = sample_inverse_cdf(probs, host_to_device(state.rng.uniforms(1), self.device))[0]
+        return token, torch.log(probs[0, token])
 
     def _decode(self, states: list[RequestState]) -> None:
         B = len(states)
@@ -335,7 +336,7 @@ class Engine:
         for i, (s, st) in enumerate(zip(states, settings)):
             room = self.max_context - s.cached_len  # KV positions left for this step's tree
             if st.method == "none" or needs_plain_steps(s.req) or room < 2:
-                trees[i] = DraftTree.root_only(s.tokens[-1], dev)
+                trees[i] = DraftTree.root_only(s.tokens[-1])
             else:
                 groups[self.policy.group_key(st) + (s.req.sampling.greedy,)].append(i)
         with torch.inference_mode():
@@ -364,15 +365,18 @@ class Engine:
         graphed = self.graphs is not None and self.graphs.covers(B)
         if graphed:
             N = self.graphs.width(N)  # extra nodes are padding, as a smaller tree's are
+        host_slots = [s.slot for s in states]
+        # [4, B]: nodes, cached lengths, slots, roots: one transfer for the step's host values
+        meta = to_device([[t.num_nodes for t in trees], [s.cached_len for s in states], host_slots,
+                          [s.tokens[-1] for s in states]], dev)
+        num_nodes, prefix, slots = meta[0], meta[1], meta[2]
         cand = torch.zeros(B, N, dtype=torch.long, device=dev)
         parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        cand[:, 0] = meta[3]  # every tree's root is its request's last token
         for b, t in enumerate(trees):
-            cand[b, : t.num_nodes] = t.tokens
-            parents[b, : t.num_nodes] = t.parents
-        num_nodes = torch.tensor([t.num_nodes for t in trees], device=dev)
-        prefix = torch.tensor([s.cached_len for s in states], device=dev)
-        host_slots = [s.slot for s in states]
-        slots = torch.tensor(host_slots, device=dev)
+            if t.num_nodes > 1:
+                cand[b, 1: t.num_nodes] = t.tokens[1:]
+                parents[b, 1: t.num_nodes] = t.parents[1:]
         if N == 1:  # plain decoding for the whole batch: no tree to build, verify or compact
             tb = TreeBuffers(tree_mask=torch.ones(B, 1, 1, dtype=torch.bool, device=dev), positions=prefix[:, None],
                              depth=torch.zeros(B, 1, dtype=torch.long, device=dev), first_child=None,
@@ -389,16 +393,17 @@ class Engine:
 
         accept_len = torch.zeros(B, dtype=torch.long, device=dev)
         accepted = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        accepted[:, 0].fill_(0)  # the root is on every path
         bonus = torch.zeros(B, dtype=torch.long, device=dev)
         # Log of the distribution each token was drawn from: only when someone asked for it.
         log_dist = torch.empty_like(logits) if any(s.req.return_log_probs for s in states) else None
         greedy = [b for b, s in enumerate(states) if s.req.sampling.greedy]
         sampled = [b for b, s in enumerate(states) if not s.req.sampling.greedy]
         if greedy:
-            g = torch.tensor(greedy, device=dev)
+            g = to_device(greedy, dev)
             argmax = logits[g].argmax(-1)
             if N == 1:
-                accepted[g, 0], bonus[g] = 0, argmax[:, 0]
+                bonus[g] = argmax[:, 0]
             else:
                 r = verify_greedy(cand[g], parents[g], num_nodes[g], argmax)
                 accept_len[g], accepted[g], bonus[g] = r.accept_len, r.accepted_nodes, r.bonus_token
@@ -410,9 +415,8 @@ class Engine:
             part = [b for b in sampled if (trees[b].draft_probs is not None) == with_q]
             if not part:
                 continue
-            p_idx = torch.tensor(part, device=dev)
-            temp, top_k, top_p = sampling_tensors([rows[b] for b in part], dev)
-            probs = probabilities(logits[p_idx], temp, top_k, top_p)
+            p_idx = to_device(part, dev)
+            probs = probabilities(logits[p_idx], sampling_tensors([rows[b] for b in part], dev))
             # Each request draws exactly one uniform per own node plus one for the bonus,
             # whatever the batch's padding: its random stream never depends on others.
             uniforms = torch.ones(len(part), N + 1)
@@ -420,7 +424,7 @@ class Engine:
                 n = trees[b].num_nodes
                 draws = states[b].rng.uniforms(n + 1)
                 uniforms[j, :n], uniforms[j, N] = draws[:n], draws[n]
-            uniforms = uniforms.to(dev)
+            uniforms = host_to_device(uniforms, dev)
             q = None
             if with_q:
                 q = torch.zeros_like(probs)
@@ -434,19 +438,30 @@ class Engine:
         if N > 1:
             kv_compact(self.cache.kv, slots, prefix, accepted, accept_len)
 
+        result = torch.cat((accept_len[:, None], bonus[:, None], accepted, cand), dim=1)  # [B, 2 + 2N]
+        if log_dist is not None:
+            # Log-prob of each emitted token: after path node j comes the next path node's
+            # token, after the last one the bonus token.
+            nodes = accepted.clamp(min=0)  # [B, N]
+            nxt = torch.cat((cand.gather(1, nodes[:, 1:]), bonus[:, None]), dim=1)  # [B, N]
+            nxt = torch.where(torch.arange(N, device=dev)[None] >= accept_len[:, None], bonus[:, None], nxt)
+            path_lp = log_dist[torch.arange(B, device=dev)[:, None], nodes, nxt]  # [B, N]
+            result = torch.cat((result.double(), path_lp.double()), dim=1)  # ids exact in float64
         # The step's one necessary host sync: the accepted tokens are emitted from the host.
-        host = torch.cat((accept_len[:, None], bonus[:, None], accepted, cand), dim=1).tolist()  # [B, 2 + 2N]
+        host = result.tolist()
+        if log_dist is not None:
+            host = [[int(v) for v in row[: 2 + 2 * N]] + row[2 + 2 * N:] for row in host]
         accept_host = [row[0] for row in host]
         bonus_host = [row[1] for row in host]
         accepted_host = [row[2: 2 + N] for row in host]
-        cand_host = [row[2 + N:] for row in host]
+        cand_host = [row[2 + N: 2 + 2 * N] for row in host]
         # Drafters update their state in one call each, before any request finishes.
         by_drafter: dict[int, list[int]] = collections.defaultdict(list)
         for b, s in enumerate(states):
             if self.drafters.get(s.settings.method) is not None:
                 by_drafter[id(self.drafters[s.settings.method])].append(b)
         for rows in by_drafter.values():
-            sel = None if len(rows) == B else torch.tensor(rows, device=dev)
+            sel = None if len(rows) == B else to_device(rows, dev)
             pick = lambda t: t if sel is None or t is None else t[sel]  # noqa: E731
             self.drafters[states[rows[0]].settings.method].commit(
                 [states[b] for b in rows],
@@ -456,10 +471,7 @@ class Engine:
             a = accept_host[b]
             nodes = accepted_host[b][: a + 1]
             new_tokens = [cand_host[b][n] for n in nodes[1:]] + [bonus_host[b]]
-            log_probs: list[float] = []
-            if s.req.return_log_probs:
-                lp = log_dist[b, torch.tensor(nodes, device=dev), torch.tensor(new_tokens, device=dev)]
-                log_probs = lp.tolist()
+            log_probs = host[b][2 + 2 * N: 3 + 2 * N + a] if s.req.return_log_probs else []
             drafted = trees[b].num_nodes - 1
             self._count(s, drafted, a)
             s.cached_len += a + 1

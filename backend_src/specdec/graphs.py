@@ -129,10 +129,10 @@ class DecodeGraphs:
         sb.slots[:B] = batch.slots
         sb.write_pos[:B] = batch.write_pos
         sb.mask[:B, :, :, :K] = batch.mask
-        sb.mask[:B, :, :, K:] = False
+        sb.mask[:B, :, :, K:].fill_(False)
         if B < g.ids.shape[0]:
-            g.ids[B:] = 0
-            g.positions[B:] = 0
+            g.ids[B:].fill_(0)
+            g.positions[B:].fill_(0)
             sb.slots[B:] = batch.slots[0]
             sb.write_pos[B:] = g.pad_write_pos[B:]
             sb.mask[B:] = g.pad_mask[B:]

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from .request import GenerationRequest
+from .transfer import to_device
 
 NEG_INF = float("-inf")
 
@@ -52,10 +53,10 @@ def process_logits(logits: torch.Tensor, rows: list[LogitsRow], depth: torch.Ten
             if len(w) > 1 and len(row.history) >= len(w) - 1 and row.history[len(row.history) - len(w) + 1:] == w[:-1]:
                 banned.append(w[-1])
         if banned:
-            out[b, :, banned] = NEG_INF
+            out[b].index_fill_(-1, to_device(banned, out.device), NEG_INF)
         if req.end_id is not None and req.sampling.min_tokens > 0:
-            early = (row.num_generated + depth[b]) < req.sampling.min_tokens
-            out[b, early, req.end_id] = NEG_INF
+            early = (row.num_generated + depth[b]) < req.sampling.min_tokens  # [N] (no bool indexing: a sync)
+            out[b, :, req.end_id] = out[b, :, req.end_id].masked_fill(early, NEG_INF)
         s = req.sampling
         if s.has_penalties:
             _apply_penalties(out[b], row.history, row.num_generated, s.repetition_penalty,
@@ -69,22 +70,35 @@ def _apply_penalties(logits: torch.Tensor, history: list[int], num_generated: in
     frequency over output tokens only."""
     V = logits.shape[-1]
     if repetition != 1.0 and history:
-        seen = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+        seen = to_device(sorted(set(history)), logits.device, torch.long)
         vals = logits[:, seen]
         logits[:, seen] = torch.where(vals > 0, vals / repetition, vals * repetition)
     if (presence or frequency) and num_generated > 0:
-        out_tokens = torch.tensor(history[len(history) - num_generated:], dtype=torch.long, device=logits.device)
+        out_tokens = to_device(history[len(history) - num_generated:], logits.device, torch.long)
         counts = torch.bincount(out_tokens, minlength=V).to(logits.dtype)
         logits -= presence * (counts > 0).to(logits.dtype) + frequency * counts
 
 
-def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                  top_p: torch.Tensor) -> torch.Tensor:
-    """Sampling distribution. logits: [B, N, V]; temperature, top_p: [B] float (> 0);
-    top_k: [B] int64 (0 = off). Returns probs [B, N, V] float32."""
+@dataclass
+class SamplingTensors:
+    """The sampling settings of a batch's rows, on the device."""
+
+    temperature: torch.Tensor  # [B] float32 > 0 (1 for greedy rows)
+    top_k: torch.Tensor  # [B] int64, 0 = off
+    top_p: torch.Tensor  # [B] float32 in (0, 1]
+    truncate: bool  # some row has top-k or top-p on (known on the host: no sync to branch)
+
+    def rows(self, start: int, stop: int) -> "SamplingTensors":
+        return SamplingTensors(self.temperature[start:stop], self.top_k[start:stop], self.top_p[start:stop],
+                               self.truncate)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Sampling distribution. logits: [B, N, V]. Returns probs [B, N, V] float32."""
     B, N, V = logits.shape
-    scaled = logits.float() / temperature[:, None, None]
-    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+    top_k, top_p = params.top_k, params.top_p
+    scaled = logits.float() / params.temperature[:, None, None]
+    if params.truncate:
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         ranks = torch.arange(V, device=logits.device)[None, None, :]
         k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
@@ -117,11 +131,15 @@ class RequestRng:
         return torch.rand(n, generator=self.generator, dtype=torch.float64).float()
 
 
-def sampling_tensors(rows: list[LogitsRow], device) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(temperature, top_k, top_p) of the rows as tensors; temperature 0 rows get 1."""
+def sampling_tensors(rows: list[LogitsRow], device) -> Optional[SamplingTensors]:
+    """The rows' temperature, top-k and top-p on `device` (one transfer); temperature 0
+    rows get 1."""
     if not rows:
         return None
-    temp = torch.tensor([r.request.sampling.temperature or 1.0 for r in rows], device=device)
-    top_k = torch.tensor([r.request.sampling.top_k for r in rows], device=device, dtype=torch.long)
-    top_p = torch.tensor([r.request.sampling.top_p for r in rows], device=device)
-    return temp, top_k, top_p
+    device = torch.device(device)
+    settings = [r.request.sampling for r in rows]
+    floats = to_device([[s.temperature or 1.0 for s in settings], [s.top_p for s in settings]], device,
+                       torch.float32)
+    top_k = to_device([s.top_k for s in settings], device, torch.long)
+    truncate = any(s.top_k > 0 or s.top_p < 1.0 for s in settings)
+    return SamplingTensors(floats[0], top_k, floats[1], truncate)

@@ -18,13 +18,15 @@ import torch
 class DraftTree:
     """One request's proposal for one step."""
 
-    tokens: torch.Tensor  # [N] int64, node 0 = the root (last emitted token)
+    tokens: torch.Tensor  # [N] int64; node 0 is the root (the last emitted token), written by the engine: any value here
     parents: torch.Tensor  # [N] int64, parents[0] = -1, parents[i] < i
     draft_probs: Optional[torch.Tensor] = None  # [N, V] float32: row n = the distribution node n's children were sampled from
 
     @staticmethod
-    def root_only(root: int, device) -> "DraftTree":
-        return DraftTree(torch.tensor([root], device=device), torch.tensor([-1], device=device))
+    def root_only(root: int) -> "DraftTree":
+        """Plain decoding's one-node tree, on the host: the engine writes every tree's
+        root to the device itself (one transfer per step), so this never travels."""
+        return DraftTree(torch.full((1,), root), torch.full((1,), -1))
 
     @property
     def num_nodes(self) -> int:

@@ -19,6 +19,7 @@ from ..kv_cache import AttentionBatch
 from ..models.layers import causal_mask
 from ..models.llama import LlamaModel
 from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
+from ..transfer import host_to_device, to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
 from .eagle import BATCHED_CATCH_UP
 
@@ -67,13 +68,14 @@ class DraftModelDrafter:
         returns logits [B, V] at each row's last real token."""
         device = tokens.device
         B, T = tokens.shape
-        start = torch.tensor([s.draft.draft_len for s in states], device=device)
         host_slots = [s.slot for s in states]
-        slots = torch.tensor(host_slots, device=device)
+        # [3, B]: cached draft lengths, slots, last real column of each row
+        meta = to_device([[s.draft.draft_len for s in states], host_slots, [n - 1 for n in lens]], device)
+        start, slots = meta[0], meta[1]
         batch = AttentionBatch.build(slots, start, causal_mask(B, T, device), host_slots=host_slots,
                                      max_prefix=max(s.draft.draft_len for s in states))
         hidden, _ = self.model(tokens, start[:, None] + torch.arange(T, device=device)[None], self.cache, batch)
-        last = hidden[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
+        last = hidden[torch.arange(B, device=device), meta[2]]
         for s, n in zip(states, lens):
             s.draft.draft_len += n
         return self.model.logits(last)
@@ -89,9 +91,7 @@ class DraftModelDrafter:
         out: list = [None] * len(states)
         for group in groups:
             lens = [len(unseen[i]) for i in group]
-            tokens = torch.zeros(len(group), max(lens), dtype=torch.long, device=device)
-            for row, i in enumerate(group):
-                tokens[row, : lens[row]] = torch.tensor(unseen[i], device=device)
+            tokens = to_device([unseen[i] + [0] * (max(lens) - len(unseen[i])) for i in group], device)
             logits = self._forward([states[i] for i in group], tokens, lens)
             for row, i in enumerate(group):
                 out[i] = logits[row]
@@ -109,9 +109,8 @@ class DraftModelDrafter:
             if greedy:
                 nxt = logits.argmax(-1)
             else:
-                temp, top_k, top_p = sampling_tensors(rows, device)
-                probs = probabilities(logits[:, None], temp, top_k, top_p)[:, 0]
-                u = torch.stack([s.rng.uniforms(1) for s in states]).to(device)[:, 0]
+                probs = probabilities(logits[:, None], sampling_tensors(rows, device))[:, 0]
+                u = host_to_device(torch.cat([s.rng.uniforms(1) for s in states]), device)
                 nxt = sample_inverse_cdf(probs, u)
                 dists.append(probs)
             chain.append(nxt)
@@ -120,14 +119,14 @@ class DraftModelDrafter:
         for s in states:
             s.draft.chain = gamma
             s.draft.draft_len -= gamma - 1  # chain entries are scratch until accepted
-        chain_t = torch.stack(chain, dim=1)  # [B, gamma]
+        # [B, 1 + gamma]; node 0 is the root, which the engine writes itself
+        toks = torch.stack([torch.zeros_like(chain[0])] + chain, dim=1)
         parents = torch.arange(-1, gamma, device=device)
         trees = []
         for b, s in enumerate(states):
-            toks = torch.cat((torch.tensor([s.tokens[-1]], device=device), chain_t[b]))
             q = None
             if dists:
                 q = torch.zeros(gamma + 1, logits.shape[-1], device=device)
                 q[:gamma] = torch.stack([d[b] for d in dists])
-            trees.append(DraftTree(toks, parents.clone(), q))
+            trees.append(DraftTree(toks[b], parents.clone(), q))
         return trees

@@ -30,6 +30,7 @@ from ..models.eagle import EagleHead
 from ..models.eagle3 import Eagle3Head
 from ..models.layers import causal_mask
 from ..models.llama import LlamaModel
+from ..transfer import to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
 
 # Longest catch-up batched with others; longer ones (prefill) run alone so short
@@ -86,7 +87,7 @@ class EagleDrafter:
         B, N = accepted.nodes.shape
         device = src.device
         rows = torch.arange(B, device=device)[:, None]
-        slots = torch.tensor([s.slot for s in states], device=device)[:, None]
+        slots = to_device([s.slot for s in states], device)[:, None]
         positions = accepted.start[:, None] + torch.arange(N, device=device)[None]  # [B, N]
         self.feats[slots, positions] = src[rows, accepted.nodes.clamp(min=0)].to(self.feats.dtype)
 
@@ -124,13 +125,12 @@ class EagleDrafter:
         device = self.cache.kv.device
         lens = [s.cached_len - s.draft.head_len for s in states]
         B, M = len(states), max(lens)
-        tokens = torch.zeros(B, M, dtype=torch.long, device=device)
-        for b, s in enumerate(states):
-            hl, m = s.draft.head_len, lens[b]
-            tokens[b, :m] = torch.tensor(s.tokens[hl + 1 : hl + 1 + m], device=device)
-        head_len = torch.tensor([s.draft.head_len for s in states], device=device)
+        # Pair j of a request: the token after position head_len + j, with its feature.
+        pending = [s.tokens[s.draft.head_len + 1: s.cached_len + 1] for s in states]
+        tokens = to_device([p + [0] * (M - len(p)) for p in pending], device)  # [B, M]
         host_slots = [s.slot for s in states]
-        slots = torch.tensor(host_slots, device=device)
+        meta = to_device([[s.draft.head_len for s in states], host_slots, [m - 1 for m in lens]], device)  # [3, B]
+        head_len, slots = meta[0], meta[1]
         positions = head_len[:, None] + torch.arange(M, device=device)[None]  # [B, M]
         # Rows past a request's pending count are padding: their outputs are dropped and
         # their head KV entries land in the scratch region.
@@ -141,7 +141,7 @@ class EagleDrafter:
         out = self._head(tokens, x, positions, batch)
         for b, s in enumerate(states):
             s.draft.head_len += lens[b]
-        return out[torch.arange(B, device=device), torch.tensor(lens, device=device) - 1]
+        return out[torch.arange(B, device=device), meta[2]]
 
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
         """All `settings` of one call share method, depth and top_k (or static choices)."""
@@ -155,8 +155,7 @@ class EagleDrafter:
         B, H = last.shape
         k, depth = settings[0].top_k, settings[0].depth
         host_slots = [s.slot for s in states]
-        slots = torch.tensor(host_slots, device=device)
-        head_len = torch.tensor([s.draft.head_len for s in states], device=device)
+        slots, head_len = to_device([host_slots, [s.draft.head_len for s in states]], device)  # [B] each
         max_head = max(s.draft.head_len for s in states)
         logp, d2t = self._log_probs(last, self.score_temperature)
         score, tok = logp.topk(k, dim=-1)  # [B, k] depth-1 candidates, best first
@@ -195,18 +194,25 @@ class EagleDrafter:
         # A child's score never exceeds its parent's (log-probs <= 0); the depth term
         # breaks ties so a selected node's parent is always selected too.
         key = torch.cat(cand_score, dim=1).double() - 1e-6 * all_depth.double()
-        trees = []
-        for b, s in enumerate(states):
-            n = min(settings[b].total_tokens - 1, n_cand)
-            sel = key[b].topk(n).indices.sort().values  # depth-major order, rank order within a parent
-            node_of = torch.zeros(n_cand + 1, dtype=torch.long, device=device)  # index n_cand: root
-            node_of[sel] = torch.arange(1, n + 1, device=device)
-            par = all_parent[b, sel]
-            parents = node_of[torch.where(par < 0, torch.full_like(par, n_cand), par)]
-            root = torch.tensor([s.tokens[-1]], device=device)
-            trees.append(DraftTree(torch.cat((root, all_tok[b, sel])),
-                                   torch.cat((torch.tensor([-1], device=device), parents))))
-        return trees
+        # Each request keeps its best ns[b] candidates, for the whole batch at once: the
+        # first ns[b] of the batch's top n are a row's own top ns[b]; the rest become
+        # padding (index n_cand, sorted last). Sorted candidate indices are depth-major,
+        # rank order within a parent, so every parent precedes its children.
+        ns = [min(st.total_tokens - 1, n_cand) for st in settings]
+        n = max(ns)
+        top = key.topk(n, dim=-1).indices  # [B, n], best first
+        keep = torch.arange(n, device=device)[None] < to_device(ns, device)[:, None]  # [B, n]
+        sel = torch.where(keep, top, n_cand).sort(dim=-1).values  # [B, n]
+        node_of = torch.zeros(B, n_cand + 1, dtype=torch.long, device=device)  # candidate -> tree node
+        node_of.scatter_(1, sel, torch.arange(1, n + 1, device=device)[None].expand(B, n))
+        node_of[:, n_cand].fill_(0)  # column n_cand: the root (a depth-1 candidate's parent) and padding
+        cand = sel.clamp(max=n_cand - 1)
+        par = all_parent.gather(1, cand)
+        parents = node_of.gather(1, torch.where(par < 0, n_cand, par))  # [B, n]
+        # Node 0 is the root: the engine writes every request's root token itself.
+        tokens = torch.cat((torch.zeros(B, 1, dtype=torch.long, device=device), all_tok.gather(1, cand)), dim=1)
+        parents = torch.cat((torch.full((B, 1), -1, dtype=torch.long, device=device), parents), dim=1)
+        return [DraftTree(tokens[b, : ns[b] + 1], parents[b, : ns[b] + 1]) for b in range(B)]
 
     def _static(self, states: list, last: torch.Tensor, tree) -> list[DraftTree]:
         """EAGLE-1: node i at depth d takes the rank[i]-th best token after its parent."""
@@ -214,10 +220,8 @@ class EagleDrafter:
         B, H = last.shape
         plan = self._plan_for(tree, device)
         host_slots = [s.slot for s in states]
-        slots = torch.tensor(host_slots, device=device)
-        head_len = torch.tensor([s.draft.head_len for s in states], device=device)
-        tokens = torch.zeros(B, plan.num_nodes, dtype=torch.long, device=device)
-        tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
+        slots, head_len = to_device([host_slots, [s.draft.head_len for s in states]], device)  # [B] each
+        tokens = torch.zeros(B, plan.num_nodes, dtype=torch.long, device=device)  # node 0: the engine writes the root
         node_out = torch.zeros(B, plan.num_nodes, H, dtype=last.dtype, device=device)  # head output per node
         logp, d2t = self._log_probs(last)
         top = self._to_target(logp.topk(plan.kmax, dim=-1).indices, d2t)  # [B, kmax]

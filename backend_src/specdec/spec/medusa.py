@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..models.medusa import MedusaHeads
+from ..transfer import to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
 
 
@@ -26,13 +27,14 @@ class MedusaDrafter:
 
     def __init__(self, heads: MedusaHeads):
         self.heads = heads
+        self._trees: dict = {}  # (id(tree), device) -> (tree, parents [N], head index [N], rank [N], kmax)
 
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = MedusaState(hidden[-1])
 
     def commit(self, states: list, accepted: AcceptedBatch) -> None:
         B = len(states)
-        ends = torch.tensor(accepted.lengths, device=accepted.nodes.device) - 1
+        ends = to_device([n - 1 for n in accepted.lengths], accepted.nodes.device)
         last_node = accepted.nodes.gather(1, ends[:, None])[:, 0]  # [B]
         last = accepted.hidden[torch.arange(B, device=last_node.device), last_node]  # [B, H]
         for b, s in enumerate(states):
@@ -42,16 +44,21 @@ class MedusaDrafter:
         state.draft = None
 
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
-        tree = settings[0].choices
         device = states[0].draft.last_hidden.device
-        parents = torch.as_tensor(tree.parents, device=device)
-        depth = torch.as_tensor(tree.depth, device=device)
-        rank = torch.as_tensor(tree.rank, device=device)
-        kmax = int(rank.max().item()) + 1
+        _, parents, head_of, rank, kmax = self._tree_tensors(settings[0].choices, device)
         hidden = torch.stack([s.draft.last_hidden for s in states])  # [B, H]
         top = self.heads(hidden).topk(kmax, dim=-1).indices  # [K, B, kmax]
-        # Node i (i > 0) takes top[depth[i] - 1, b, rank[i]]; node 0 is the root.
-        head_of = (depth - 1).clamp(min=0)
-        tokens = top[head_of, :, rank].transpose(0, 1).clone()  # [B, N]
-        tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
-        return [DraftTree(tokens[b], parents.clone()) for b in range(len(states))]
+        # Node i (i > 0) takes top[depth[i] - 1, b, rank[i]]; node 0, the root, is
+        # written by the engine.
+        tokens = top[head_of, :, rank].transpose(0, 1)  # [B, N]
+        return [DraftTree(tokens[b], parents) for b in range(len(states))]
+
+    def _tree_tensors(self, tree, device) -> tuple:
+        """A static tree's tensors on `device`, made once (not a copy per step)."""
+        key = (id(tree), str(device))
+        if key not in self._trees:
+            rank = torch.as_tensor(tree.rank)
+            self._trees[key] = (tree, torch.as_tensor(tree.parents).to(device),
+                                (torch.as_tensor(tree.depth) - 1).clamp(min=0).to(device), rank.to(device),
+                                int(rank.max()) + 1)
+        return self._trees[key]
