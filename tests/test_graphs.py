@@ -92,22 +92,49 @@ def test_graph_forward_equals_eager_and_writes_only_its_own_entries(engines, B, 
             assert torch.equal(kv1[:, :, s, :, after], kv0[:, :, s, :, after]), s
 
 
-def test_graphed_engine_generates_what_eager_does():
+def _run_with_stats(engine, requests) -> dict[str, tuple[list[int], tuple[int, int, int]]]:
+    """Each request's tokens and (drafted, accepted, target forwards) at its end."""
+    outs = {r.request_id: [] for r in requests}
+    stats = {}
+
+    def emitter(rid):
+        def emit(o):
+            outs[rid].extend(o.token_ids)
+            if o.finished:
+                assert o.finish_reason != "error", o.error
+                stats[rid] = (o.stats.total_draft_tokens, o.stats.total_accepted_draft_tokens, o.stats.target_forwards)
+        return emit
+
+    for r in requests:
+        engine.submit(r, emitter(r.request_id))
+    while len(stats) < len(requests):
+        engine.step()
+    return {rid: (outs[rid], stats[rid]) for rid in outs}
+
+
+def test_graphed_engine_generates_and_drafts_what_eager_does():
     """Greedy and seeded sampled requests of mixed methods, more than the graphs cover
-    at once (batch 5 > 4 runs eagerly, smaller batches through the graphs, batch 3 with
-    a padding row), give the eager engine's tokens exactly."""
+    at once (batch 6 > 4 runs eagerly, smaller batches through the graphs, batch 3 with
+    a padding row), give the eager engine's tokens exactly. Greedy tokens would match
+    whatever the drafts were, so the drafts are checked too: every request drafts and
+    accepts as many tokens as eagerly, which a wrong head or draft-model graph would
+    change."""
     prompts = code_prompts(5, max_tokens=96)
     methods = ["eagle2", "none", "medusa", "eagle3", "draft_model"]
 
     def batch():
-        reqs = [request(p, 40, m, rid=f"{m}-g") for p, m in zip(prompts, methods)]
+        reqs = [request(p, 40 - 6 * i, m, rid=f"{m}-g") for i, (p, m) in enumerate(zip(prompts, methods))]
         reqs += [request(prompts[0], 30, "eagle2", rid="sampled", temperature=0.8, top_p=0.9, seed=7)]
         return reqs
 
-    eager = run_batch(make_engine(dtype="float64", max_batch_size=5), batch())
-    engine = make_engine(dtype="float64", max_batch_size=5, cuda_graph_mode=True, cuda_graph_max_batch_size=4)
-    assert run_batch(engine, batch()) == eager
+    eager = _run_with_stats(make_engine(dtype="float64", max_batch_size=6), batch())
+    engine = make_engine(dtype="float64", max_batch_size=6, cuda_graph_mode=True, cuda_graph_max_batch_size=4)
+    assert _run_with_stats(engine, batch()) == eager
     assert any(k.batch == 4 for k in engine.graphs.graphs), "no step padded to a bucket"
+    for method in ("eagle2", "eagle3"):
+        keys = engine.drafters[method].graphs.graphs
+        assert any(k.width > 1 and k.features for k in keys), f"{method}: no graphed head forward"
+    assert any(k.width == 1 for k in engine.drafters["draft_model"].graphs.graphs), "draft model chain not graphed"
     assert "emulated on CPU" in engine.load_note
 
 

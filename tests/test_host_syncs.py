@@ -15,9 +15,6 @@ import pytest
 import torch
 
 from engine_helpers import code_prompts, make_engine, request
-from specdec.graphs import DecodeGraphs
-from specdec.kv_cache import AttentionBatch
-from specdec.ops.tree_mask import build_tree
 from specdec.transfer import to_device
 from sync_probe import SyncProbe
 
@@ -92,25 +89,30 @@ def test_a_mixed_step_with_log_probs_and_a_newcomer_waits_twice():
     _assert_only_the_emit_reads(probe, 2)
 
 
-def test_the_graphed_forward_is_capturable():
-    """What a CUDA graph records (`DecodeGraphs._run`) and what feeds it (`forward`:
-    copies into the graph's buffers) read nothing back and copy nothing from the host;
-    either would fail a capture or stall every replay."""
+def test_every_graphed_forward_is_capturable():
+    """What a CUDA graph records (`DecodeGraphs._run`) reads nothing back and copies
+    nothing from the host (either would fail a capture), for every bucket that serving
+    mixed methods created: the target's verify forwards, the EAGLE-2/3 heads' depth
+    expansions and catch-ups, the draft model's chain. Feeding a graph (`forward`:
+    copies into its buffers) stalls nothing either."""
+    prompts = code_prompts(4, max_tokens=48)
     engine = make_engine(dtype="float32", max_batch_size=8, cuda_graph_mode=True, cuda_graph_max_batch_size=4)
-    graphs: DecodeGraphs = engine.graphs
-    B, N = 3, 8
-    slots, prefix = torch.tensor([0, 2, 3]), torch.tensor([40, 17, 63])
-    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3]] * B)
-    tb = build_tree(parents, torch.tensor([8, 5, 8]), prefix)
-    batch = AttentionBatch.build(slots, prefix, tb.tree_mask, host_slots=[0, 2, 3], max_prefix=63)
-    ids = torch.randint(0, engine.vocab_size, (B, N))
-    with torch.inference_mode():
-        graphs.forward(ids, tb.positions, batch, aux=True)  # the bucket's buffers exist from here on
-        (g,) = graphs.graphs.values()
-        with SyncProbe() as probe:
-            graphs.forward(ids, tb.positions, batch, aux=True)
-            graphs._run(g)
-    assert not probe.syncs and not probe.blocking, (dict(probe.syncs), dict(probe.blocking))
+    reqs = [request(p, 24, m, rid=m) for p, m in zip(prompts, ["eagle2", "eagle3", "draft_model", "medusa"])]
+    for r in reqs:
+        engine.submit(r, lambda out: None)
+    for _ in range(4):
+        engine.step()
+    components = {"target": engine.graphs, "eagle2": engine.drafters["eagle2"].graphs,
+                  "eagle3": engine.drafters["eagle3"].graphs, "draft_model": engine.drafters["draft_model"].graphs}
+    with SyncProbe() as probe:
+        engine.step()
+    _assert_only_the_emit_reads(probe, 1)
+    for name, graphs in components.items():
+        assert graphs.graphs, f"{name}: nothing graphed"
+        for key, g in graphs.graphs.items():
+            with torch.inference_mode(), SyncProbe() as probe:
+                graphs._run(g)
+            assert not probe.syncs and not probe.blocking, (name, key, dict(probe.syncs), dict(probe.blocking))
 
 
 def test_the_probe_sees_what_it_must():

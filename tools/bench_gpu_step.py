@@ -189,7 +189,7 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
     vocab, max_tree = config["vocab_size"], max(args.trees)
     spare = args.context + width_bucket(max_tree)  # past it: the graphs' spare positions (unused at batch 1)
     cache = target.new_cache(1, spare + width_bucket(max_tree))
-    graphs = DecodeGraphs(target, cache, (), max_batch=1, spare_start=spare)
+    graphs = DecodeGraphs.for_model(target, cache, max_batch=1, spare_start=spare)
     slots = torch.zeros(1, dtype=torch.long, device=device)
     prefix = torch.full((1,), args.context, dtype=torch.long, device=device)
 

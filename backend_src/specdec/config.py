@@ -52,9 +52,11 @@ class EngineConfig:
     # concurrency 8-32 on the 2-core CPU, docs/benchmarks.md section 2); adaptive tracks
     # plain there and keeps the batch-1 speedup.
     adaptive_speculation: bool = True
-    # CUDA graphs for decode/verify forwards of batches up to this size (graphs.py;
-    # TensorRT-LLM's `cuda_graph_mode`). Off by default: it has only run emulated on CPU
-    # (the padded static forward without capture), never captured on a GPU yet.
+    # CUDA graphs for the decode-time forwards of batches up to this size: the target's
+    # decode/verify forward, the EAGLE heads' drafting forwards, the draft model's chain
+    # (graphs.py; TensorRT-LLM's `cuda_graph_mode`). Off by default: it has only run
+    # emulated on CPU (the padded static forwards without capture), never captured on a
+    # GPU yet. A capture that fails logs a warning and that forward runs eagerly.
     cuda_graph_mode: bool = False
     cuda_graph_max_batch_size: int = 16
     seed: int = 0  # engine generator for requests that send no seed

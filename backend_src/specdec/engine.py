@@ -18,7 +18,6 @@ caller's (`generate`).
 from __future__ import annotations
 
 import collections
-import logging
 import random
 import threading
 import time
@@ -29,7 +28,7 @@ import torch
 
 from .config import EngineConfig
 from .errors import BusyError, ConfigError
-from .graphs import DecodeGraphs, GraphUnavailable
+from .graphs import DecodeGraphs
 from .kv_cache import AttentionBatch, SlotAllocator
 from .memory import free_device_bytes, kv_budget
 from .models.checkpoint import read_config, torch_dtype
@@ -51,7 +50,6 @@ from .spec.loader import load_drafters
 from .stopping import cut_new_tokens
 
 Emit = Callable[[StepOutput], None]
-LOG = logging.getLogger("specdec")
 
 
 @dataclass
@@ -125,8 +123,10 @@ class Engine:
         self.aux_layers = eagle3_feature_layers(self.target.shape.num_hidden_layers)
         self.graphs: Optional[DecodeGraphs] = None
         if config.cuda_graph_mode:
-            self.graphs = DecodeGraphs(self.target, self.cache, self.aux_layers, config.cuda_graph_max_batch_size,
-                                       spare_start=positions)
+            self.graphs = DecodeGraphs.for_model(self.target, self.cache, config.cuda_graph_max_batch_size,
+                                                 spare_start=positions, aux_layers=self.aux_layers)
+            for drafter in cached:  # the EAGLE heads' and the draft model's forwards
+                drafter.use_graphs(config.cuda_graph_max_batch_size)
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
         self.metrics = EngineMetrics()
         self._seeds = random.Random(config.seed)  # seeds of requests that send none
@@ -140,7 +140,8 @@ class Engine:
         self.policy.calibrate(self)
         graphs = None
         if self.graphs is not None:
-            graphs = (f"CUDA graphs for decode steps of <= {self.graphs.max_batch} requests"
+            graphs = (f"CUDA graphs for the decode-time forwards (target, drafters) of <= {self.graphs.max_batch} "
+                      "requests"
                       + ("" if self.graphs.capture else " (emulated on CPU: padded static forwards, no capture)"))
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), graphs, describe(self.policy)]))
 
@@ -329,7 +330,6 @@ class Engine:
 
     def _decode(self, states: list[RequestState]) -> None:
         B = len(states)
-        dev = self.device
         settings = self.policy.plan(states)
         trees: list[Optional[DraftTree]] = [None] * B
         groups: dict[tuple, list[int]] = collections.defaultdict(list)
@@ -362,8 +362,7 @@ class Engine:
                 trees: list[DraftTree]) -> None:
         B, dev = len(states), self.device
         N = max(t.num_nodes for t in trees)
-        graphed = self.graphs is not None and self.graphs.covers(B)
-        if graphed:
+        if self.graphs is not None and self.graphs.covers(B):
             N = self.graphs.width(N)  # extra nodes are padding, as a smaller tree's are
         host_slots = [s.slot for s in states]
         # [4, B]: nodes, cached lengths, slots, roots: one transfer for the step's host values
@@ -482,13 +481,8 @@ class Engine:
                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The target forward of a decode/verify step (ids [B, N]): through a CUDA
         graph when one covers the batch (graphs.py), else eagerly."""
-        if self.graphs is not None and self.graphs.covers(ids.shape[0]) and ids.shape[1] == self.graphs.width(
-                ids.shape[1]):
-            try:
-                return self.graphs.forward(ids, positions, batch, aux)
-            except GraphUnavailable as e:
-                self.graphs = None
-                LOG.warning("%s; CUDA graphs are off for this model instance", e)
+        if self.graphs is not None and self.graphs.fits(*ids.shape):
+            return self.graphs.forward(ids, positions, batch, aux)
         return self.target(ids, positions, self.cache, batch, self.aux_layers if aux else ())
 
     def _count(self, s: RequestState, drafted: int, accepted: int) -> None:

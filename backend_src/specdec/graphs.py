@@ -1,29 +1,36 @@
-"""CUDA graphs for the target's decode-step forward (`cuda_graph_max_batch_size`).
+"""CUDA graphs for the decode-time forwards (`cuda_graph_mode`): the target's
+decode/verify forward, the EAGLE heads' drafting forwards, the draft model's chain.
 
 On a GPU a decode step of a small batch is bound by kernel launches and Python, not
-by the weights' bandwidth: a Llama-2-7B forward is ~700 kernels. A graph replays all
-of them with one launch. A graph fixes every shape, so a step's forward is padded to
-a bucket of (batch, tree width, key length) and one graph is captured per bucket the
-first time it is needed (a bucket costs one capture, ~the forward's time; its
-activations share one memory pool with every other bucket's):
+by the weights' bandwidth: a Llama-2-7B forward is ~700 kernels, an EAGLE head's ~30
+per depth. A graph replays all of them with one launch. A graph fixes every shape, so
+a forward is padded to a bucket of (batch, width, key length) and one graph is
+captured per bucket the first time it is needed (a bucket costs one capture, ~the
+forward's time; its activations share one memory pool with every other bucket's of
+the same model):
 
 - batch: 1, 2, 4, 8, 12, 16, 24, 32, ... up to `cuda_graph_max_batch_size`; larger
   batches run eagerly (they are bandwidth- or compute-bound: a graph saves little);
-- tree width: 1, 2, 4, ..., `MAX_TREE` (the engine pads trees to it: nodes past a
-  request's own are already padding that verification ignores);
+- width (tokens per request): 1, 2, 4, ... The caller pads to it where padding is
+  harmless (the engine pads every tree to the batch's widest anyway: nodes past a
+  request's own are padding that verification ignores; a catch-up's short rows are
+  padded already); a forward of another width runs eagerly (`fits`);
 - key length: the next power of two >= max(prefix) + width, at least 128, at most the
   slot. Keys past a request's own are masked out.
 Padding rows (batch bucket > batch) reuse row 0's slot, write their KV into the slot's
-spare positions past the context (`Engine.cache_positions`) and attend to key 0 only:
-they never touch a real request's state, and their outputs are dropped.
+spare positions (`spare_start` onwards, which no request ever uses) and attend to
+their first key only: they never touch a real request's state, and their outputs are
+dropped.
 
 On CPU the same padded static forward runs without capture (no graphs exist there):
-that is what the tests use to check that the padding changes no output.
+that is what the tests use to check that the padding changes no output, and that
+nothing inside reads the device from the host (tests/test_host_syncs.py).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -31,6 +38,12 @@ from .kv_cache import AttentionBatch, KVCache
 from .models.llama import LlamaModel
 
 MIN_KEYS = 128
+LOG = logging.getLogger("specdec")
+
+# (ids [B, T], features [B, T, F] or None, positions [B, T], batch, aux) ->
+# (output [B, T, H], aux features [B, T, A] or None)
+Forward = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor, AttentionBatch, bool],
+                   tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
 def batch_bucket(n: int) -> int:
@@ -51,7 +64,7 @@ def keys_bucket(n: int, limit: int) -> int:
 
 
 class GraphUnavailable(RuntimeError):
-    """A bucket could not be captured: the caller turns graphs off and runs eagerly."""
+    """A bucket could not be captured (`DecodeGraphs` then turns itself off)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,7 @@ class GraphKey:
     width: int
     keys: int
     aux: bool
+    features: int  # F of the features input, 0 without one
 
 
 @dataclass
@@ -68,64 +82,94 @@ class _Graph:
 
     ids: torch.Tensor  # [Bg, T] long
     positions: torch.Tensor  # [Bg, T] long
+    features: Optional[torch.Tensor]  # [Bg, T, F] (an EAGLE head's input features) or None
     batch: AttentionBatch  # slots [Bg], write_pos [Bg, T], mask [Bg, 1, T, K]
     pad_write_pos: torch.Tensor  # [Bg, T] where padding rows write: spare positions past the context
-    pad_mask: torch.Tensor  # [Bg, 1, T, K] padding rows see key 0 only
+    pad_mask: torch.Tensor  # [Bg, 1, T, K] padding rows see their first key only
     want_aux: bool  # the forward also returns the EAGLE-3 feature layers' inputs
-    hidden: Optional[torch.Tensor] = None  # [Bg, T, H] output of the last run / replay
+    out: Optional[torch.Tensor] = None  # [Bg, T, H] output of the last run / replay
     aux: Optional[torch.Tensor] = None  # [Bg, T, A] or None
     graph: Optional["torch.cuda.CUDAGraph"] = None
 
 
 class DecodeGraphs:
-    """Runs `model(ids, positions, cache, batch, aux_layers)` for decode steps through
-    per-bucket static buffers: replayed CUDA graphs on a GPU, the same padded forward
-    eagerly on CPU."""
+    """Runs a decode-time forward over `cache` through per-bucket static buffers:
+    replayed CUDA graphs on a GPU, the same padded forward eagerly on CPU. When a
+    capture fails, the warning is logged once, graphs turn off for this forward
+    (`fits` says no from then on) and it runs eagerly: serving goes on."""
 
-    def __init__(self, model: LlamaModel, cache: KVCache, aux_layers: Sequence[int], max_batch: int,
-                 spare_start: int):
-        self.model, self.cache, self.aux_layers = model, cache, tuple(aux_layers)
+    def __init__(self, forward: Forward, cache: KVCache, max_batch: int, spare_start: int, name: str = "target"):
+        self._forward = forward
+        self.name = name  # for the log
+        self.disabled = False
+        self.cache = cache
         self.max_batch = min(max_batch, cache.num_slots)  # buckets never exceed the slots (gather buffer)
         self.spare_start = spare_start  # first slot position no request ever uses
         self.capture = cache.kv.device.type == "cuda"
         self.graphs: dict[GraphKey, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
+    @classmethod
+    def for_model(cls, model: LlamaModel, cache: KVCache, max_batch: int, spare_start: int,
+                  aux_layers: Sequence[int] = (), name: str = "target") -> "DecodeGraphs":
+        """Graphs of `model(ids, positions, cache, batch, aux_layers)`: the target's
+        decode/verify forward, the draft model's."""
+        aux_layers = tuple(aux_layers)
+
+        def forward(ids, features, positions, batch, aux):
+            return model(ids, positions, cache, batch, aux_layers if aux else ())
+        return cls(forward, cache, max_batch, spare_start, name)
+
     def covers(self, batch: int) -> bool:
         return batch <= self.max_batch
 
-    def width(self, nodes: int) -> int:
-        """The tree width a step of `nodes` nodes is padded to."""
-        return width_bucket(nodes)
+    def width(self, tokens: int) -> int:
+        """The width a forward of `tokens` tokens per request is padded to."""
+        return width_bucket(tokens)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """ids, positions: [B, T] (T a `width` bucket); batch built for them. Returns
-        (hidden [B, T, H], aux [B, T, A] or None), fresh tensors (a later replay
-        overwrites the graph's own outputs)."""
+    def fits(self, batch: int, tokens: int) -> bool:
+        """A forward of this shape runs through a graph (else the caller runs it eagerly)."""
+        return not self.disabled and self.covers(batch) and tokens == width_bucket(tokens)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool = False,
+                features: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """ids, positions: [B, T] with `fits(B, T)`; features [B, T, F] or None; batch
+        built for them. Returns (output [B, T, H], aux [B, T, A] or None), fresh tensors
+        (a later replay overwrites the graph's own outputs)."""
         B, T = ids.shape
-        assert T == width_bucket(T) and self.covers(B), (B, T)
-        key = GraphKey(min(batch_bucket(B), self.max_batch), T, keys_bucket(batch.key_len, self.cache.max_len), aux)
+        assert self.fits(B, T), (B, T)
+        F = 0 if features is None else features.shape[-1]
+        key = GraphKey(min(batch_bucket(B), self.max_batch), T, keys_bucket(batch.key_len, self.cache.max_len),
+                       aux, F)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = self._new(key)
-        self._load(g, ids, positions, batch)
+            try:
+                g = self._new(key, features)
+            except GraphUnavailable as e:
+                self.disabled = True
+                LOG.warning("%s; CUDA graphs are off for the %s forward of this model instance", e, self.name)
+                return self._forward(ids, features, positions, batch, aux)
+            self.graphs[key] = g
+        self._load(g, ids, positions, batch, features)
         if g.graph is not None:
             g.graph.replay()
         else:
-            g.hidden, g.aux = self._run(g)
-        return g.hidden[:B].clone(), None if g.aux is None else g.aux[:B].clone()
+            g.out, g.aux = self._run(g)
+        return g.out[:B].clone(), None if g.aux is None else g.aux[:B].clone()
 
     # -- internals -----------------------------------------------------------------------
     def _run(self, g: _Graph) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        return self.model(g.ids, g.positions, self.cache, g.batch, self.aux_layers if g.want_aux else ())
+        return self._forward(g.ids, g.features, g.positions, g.batch, g.want_aux)
 
-    def _load(self, g: _Graph, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> None:
-        """Copies a step's inputs into the bucket's buffers; rows past B become padding."""
+    def _load(self, g: _Graph, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+              features: Optional[torch.Tensor]) -> None:
+        """Copies a forward's inputs into the bucket's buffers; rows past B become padding."""
         B, K = ids.shape[0], batch.key_len
         sb = g.batch
         g.ids[:B] = ids
         g.positions[:B] = positions
+        if features is not None:
+            g.features[:B] = features
         sb.slots[:B] = batch.slots
         sb.write_pos[:B] = batch.write_pos
         sb.mask[:B, :, :, :K] = batch.mask
@@ -133,26 +177,32 @@ class DecodeGraphs:
         if B < g.ids.shape[0]:
             g.ids[B:].fill_(0)
             g.positions[B:].fill_(0)
+            if features is not None:
+                g.features[B:].fill_(0)
             sb.slots[B:] = batch.slots[0]
             sb.write_pos[B:] = g.pad_write_pos[B:]
             sb.mask[B:] = g.pad_mask[B:]
 
-    def _new(self, key: GraphKey) -> _Graph:
+    def _new(self, key: GraphKey, features: Optional[torch.Tensor]) -> _Graph:
         Bg, T, K = key.batch, key.width, key.keys
         dev = self.cache.kv.device
         assert self.spare_start + T <= self.cache.max_len, "the cache has no spare positions for padding rows"
         pad_write_pos = (self.spare_start + torch.arange(T, device=dev))[None].expand(Bg, T).contiguous()
+        # A padding row's query t sees key 0 of row 0's slot: never an empty attention row.
         pad_mask = torch.zeros(Bg, 1, T, K, dtype=torch.bool, device=dev)
-        pad_mask[..., 0] = True
+        pad_mask[..., 0].fill_(True)
         batch = AttentionBatch(slots=torch.zeros(Bg, dtype=torch.long, device=dev), write_pos=pad_write_pos.clone(),
                                mask=pad_mask.clone(), key_len=K, static=True)
+        static_features = None
+        if features is not None:
+            static_features = torch.zeros(Bg, T, key.features, dtype=features.dtype, device=dev)
         g = _Graph(ids=torch.zeros(Bg, T, dtype=torch.long, device=dev),
-                   positions=torch.zeros(Bg, T, dtype=torch.long, device=dev), batch=batch,
-                   pad_write_pos=pad_write_pos, pad_mask=pad_mask, want_aux=key.aux)
+                   positions=torch.zeros(Bg, T, dtype=torch.long, device=dev), features=static_features,
+                   batch=batch, pad_write_pos=pad_write_pos, pad_mask=pad_mask, want_aux=key.aux)
         if self.capture:
             try:
                 self._capture(g)
-            except Exception as e:  # the engine goes on eagerly (Engine.target_step)
+            except Exception as e:  # `forward` goes on eagerly
                 raise GraphUnavailable(f"CUDA graph capture of {key} failed: {type(e).__name__}: {e}") from e
         return g
 
@@ -169,4 +219,4 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self._pool):
-            g.hidden, g.aux = self._run(g)
+            g.out, g.aux = self._run(g)

@@ -18,9 +18,12 @@ import torch
 class DraftTree:
     """One request's proposal for one step."""
 
-    tokens: torch.Tensor  # [N] int64; node 0 is the root (the last emitted token), written by the engine: any value here
+    # [N] int64. Node 0 is the root (the last emitted token); the engine writes it from
+    # the request, so a drafter may leave any value there.
+    tokens: torch.Tensor
     parents: torch.Tensor  # [N] int64, parents[0] = -1, parents[i] < i
-    draft_probs: Optional[torch.Tensor] = None  # [N, V] float32: row n = the distribution node n's children were sampled from
+    # [N, V] float32: row n = the distribution node n's children were sampled from
+    draft_probs: Optional[torch.Tensor] = None
 
     @staticmethod
     def root_only(root: int) -> "DraftTree":

@@ -15,13 +15,14 @@ from typing import Optional
 
 import torch
 
+from ..graphs import DecodeGraphs
 from ..kv_cache import AttentionBatch
 from ..models.layers import causal_mask
 from ..models.llama import LlamaModel
 from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
 from ..transfer import host_to_device, to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
-from .eagle import BATCHED_CATCH_UP
+from .eagle import BATCHED_CATCH_UP, GRAPH_SPARE
 
 
 @dataclass
@@ -35,14 +36,28 @@ class DraftModelDrafter:
 
     def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int):
         self.model = model
-        # Room after the context for the chain and a batched catch-up's padding.
-        self._cache_len = max_seq_len + 2 * BATCHED_CATCH_UP + 32
+        # Room after the context for the chain and a batched catch-up's padding, then
+        # the spare positions of a CUDA graph's padding rows (graphs.py).
+        self._spare_start = max_seq_len + 2 * BATCHED_CATCH_UP + 32
+        self._cache_len = self._spare_start + GRAPH_SPARE
+        self.graphs: Optional[DecodeGraphs] = None
+        self._graph_batch: Optional[int] = None  # set by use_graphs
         self.allocate(num_slots)
 
     def allocate(self, num_slots: int) -> None:
         """(Re)allocates the draft model's KV cache for `num_slots` requests (at load)."""
         self.cache = None
         self.cache = self.model.new_cache(num_slots, self._cache_len)
+        if self._graph_batch is not None:
+            self.use_graphs(self._graph_batch)
+
+    def use_graphs(self, max_batch: int) -> None:
+        """Forwards of up to `max_batch` requests run through CUDA graphs (graphs.py):
+        the chain's one-token steps and catch-ups of up to BATCHED_CATCH_UP tokens
+        (padded)."""
+        self._graph_batch = max_batch
+        self.graphs = DecodeGraphs.for_model(self.model, self.cache, max_batch, self._spare_start,
+                                             name="draft model")
 
     @property
     def slot_bytes(self) -> int:
@@ -74,7 +89,11 @@ class DraftModelDrafter:
         start, slots = meta[0], meta[1]
         batch = AttentionBatch.build(slots, start, causal_mask(B, T, device), host_slots=host_slots,
                                      max_prefix=max(s.draft.draft_len for s in states))
-        hidden, _ = self.model(tokens, start[:, None] + torch.arange(T, device=device)[None], self.cache, batch)
+        positions = start[:, None] + torch.arange(T, device=device)[None]  # [B, T]
+        if self.graphs is not None and self.graphs.fits(B, T):
+            hidden, _ = self.graphs.forward(tokens, positions, batch)
+        else:
+            hidden, _ = self.model(tokens, positions, self.cache, batch)
         last = hidden[torch.arange(B, device=device), meta[2]]
         for s, n in zip(states, lens):
             s.draft.draft_len += n
@@ -91,7 +110,10 @@ class DraftModelDrafter:
         out: list = [None] * len(states)
         for group in groups:
             lens = [len(unseen[i]) for i in group]
-            tokens = to_device([unseen[i] + [0] * (max(lens) - len(unseen[i])) for i in group], device)
+            width = max(lens)
+            if self.graphs is not None and width <= BATCHED_CATCH_UP and self.graphs.covers(len(group)):
+                width = self.graphs.width(width)  # more padding columns, to a graph's width
+            tokens = to_device([unseen[i] + [0] * (width - len(unseen[i])) for i in group], device)
             logits = self._forward([states[i] for i in group], tokens, lens)
             for row, i in enumerate(group):
                 out[i] = logits[row]

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from ..graphs import DecodeGraphs
 from ..kv_cache import AttentionBatch
 from ..models.eagle import EagleHead
 from ..models.eagle3 import Eagle3Head
@@ -38,6 +39,9 @@ from .base import AcceptedBatch, DraftTree, TreeSettings
 BATCHED_CATCH_UP = 16
 # Room after the committed prefix for the drafting scratch region.
 SCRATCH = 16 * 16 + BATCHED_CATCH_UP
+# Past the scratch region: where the padding rows of a CUDA graph's batch write (graphs.py);
+# as wide as the widest graphed head forward (top_k <= 16, a catch-up <= BATCHED_CATCH_UP).
+GRAPH_SPARE = 16
 
 
 @dataclass
@@ -53,7 +57,10 @@ class EagleDrafter:
         self.target = target
         self.eagle3 = isinstance(head, Eagle3Head)
         self.needs_aux = self.eagle3
-        self._cache_len = max_seq_len + SCRATCH
+        self._spare_start = max_seq_len + SCRATCH
+        self._cache_len = self._spare_start + GRAPH_SPARE
+        self.graphs: Optional[DecodeGraphs] = None
+        self._graph_batch: Optional[int] = None  # set by use_graphs
         self.allocate(num_slots)
         self._plans: dict = {}  # static tree -> _StaticPlan
 
@@ -66,6 +73,19 @@ class EagleDrafter:
         # [slots, positions, F]: the target feature at each committed position (F = H, or 3H for EAGLE-3)
         self.feats = torch.zeros(num_slots, self._cache_len, width, dtype=self.cache.kv.dtype,
                                  device=self.cache.kv.device)
+        if self._graph_batch is not None:
+            self.use_graphs(self._graph_batch)
+
+    def use_graphs(self, max_batch: int) -> None:
+        """Head forwards of up to `max_batch` requests run through CUDA graphs
+        (graphs.py): each depth of a dynamic tree (top_k tokens per request, when a
+        power of two) and catch-ups of up to BATCHED_CATCH_UP pairs (padded)."""
+        self._graph_batch = max_batch
+        head, cache = self.head, self.cache
+
+        def forward(ids, features, positions, batch, aux):
+            return head(ids, features, positions, batch.mask, cache, batch), None
+        self.graphs = DecodeGraphs(forward, cache, max_batch, self._spare_start, name="EAGLE head")
 
     @property
     def slot_bytes(self) -> int:
@@ -96,6 +116,10 @@ class EagleDrafter:
 
     # -- drafting ------------------------------------------------------------------------
     def _head(self, tokens, feats, positions, batch: AttentionBatch) -> torch.Tensor:
+        """tokens, positions [B, T]; feats [B, T, H]: the head's forward, through a graph
+        when one fits."""
+        if self.graphs is not None and self.graphs.fits(*tokens.shape):
+            return self.graphs.forward(tokens, positions, batch, features=feats)[0]
         return self.head(tokens, feats, positions, batch.mask, self.cache, batch)
 
     def _log_probs(self, hidden: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -125,6 +149,8 @@ class EagleDrafter:
         device = self.cache.kv.device
         lens = [s.cached_len - s.draft.head_len for s in states]
         B, M = len(states), max(lens)
+        if self.graphs is not None and M <= BATCHED_CATCH_UP and self.graphs.covers(B):
+            M = self.graphs.width(M)  # more padding columns, to a graph's width
         # Pair j of a request: the token after position head_len + j, with its feature.
         pending = [s.tokens[s.draft.head_len + 1: s.cached_len + 1] for s in states]
         tokens = to_device([p + [0] * (M - len(p)) for p in pending], device)  # [B, M]
