@@ -38,13 +38,16 @@ class EagleHead(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor, cache: Optional[KVCache] = None,
-                batch: Optional[AttentionBatch] = None) -> torch.Tensor:
+                batch: Optional[AttentionBatch] = None, queries: Optional[torch.Tensor] = None) -> torch.Tensor:
         """input_ids, positions: [B, T]; features: [B, T, H]; mask: [B, 1, T, keys] bool.
-        Returns predicted next features [B, T, H]."""
+        Returns predicted next features [B, T, H], or with `queries` ([B] int64) only
+        at those positions, [B, 1, H]: the last layer still writes every token's KV
+        (a catch-up needs the head's cache, and its output at one position)."""
         x = self.fc(torch.cat((self.embed_tokens(input_ids).to(features.dtype), features), dim=-1))
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, cache, i, batch)
+            x = layer(x, cos, sin, mask, cache, i, batch, queries if i == last else None)
         return x
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:

@@ -27,7 +27,8 @@ from torch import nn
 from ..errors import ConfigError
 from ..kv_cache import AttentionBatch, KVCache
 from .checkpoint import load_state_dict, load_tensor, read_config
-from .layers import MLP, Attention, LlamaShape, RMSNorm, fuse_projections, rope_inv_freq, rope_tables
+from .layers import (MLP, Attention, LlamaShape, RMSNorm, at_positions, fuse_projections, rope_inv_freq,
+                     rope_tables)
 
 
 def eagle3_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -45,9 +46,11 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, shape.rms_norm_eps)
         self.mlp = MLP(H, shape.intermediate_size)
 
-    def forward(self, emb, hidden, cos, sin, mask, cache=None, batch=None):
+    def forward(self, emb, hidden, cos, sin, mask, cache=None, batch=None, queries=None):
+        """emb, hidden: [B, T, H] -> [B, T, H], or [B, 1, H] at `queries` (see Attention)."""
         x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
-        x = hidden + self.self_attn(x, cos, sin, mask, cache, 0, batch)
+        residual = hidden if queries is None else at_positions(hidden, queries)
+        x = residual + self.self_attn(x, cos, sin, mask, cache, 0, batch, queries)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -67,12 +70,14 @@ class Eagle3Head(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor, cache: Optional[KVCache] = None,
-                batch: Optional[AttentionBatch] = None) -> torch.Tensor:
+                batch: Optional[AttentionBatch] = None, queries: Optional[torch.Tensor] = None) -> torch.Tensor:
         """input_ids, positions: [B, T]; hidden: [B, T, H], either `fc(features)` or the
-        head's own previous output. Returns the next hidden state [B, T, H]."""
+        head's own previous output. Returns the next hidden state [B, T, H], or with
+        `queries` ([B] int64) only at those positions, [B, 1, H] (every token's KV is
+        still written)."""
         emb = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = rope_tables(self.inv_freq, positions, hidden.dtype)
-        return self.midlayer(emb, hidden, cos, sin, mask, cache, batch)
+        return self.midlayer(emb, hidden, cos, sin, mask, cache, batch, queries)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., draft_vocab] float32."""

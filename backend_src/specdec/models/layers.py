@@ -140,24 +140,50 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: Optional[KVCache] = None, layer: int = 0,
-                batch: Optional[AttentionBatch] = None) -> torch.Tensor:
+                batch: Optional[AttentionBatch] = None, queries: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: [B, T, in]; mask: [B, 1, T, keys] bool. Without a cache the keys are the
-        forward's own T tokens; with one they are the slot's first `batch.key_len`."""
+        forward's own T tokens; with one they are the slot's first `batch.key_len`.
+        Returns [B, T, H]; with `queries` ([B] int64, a position per row) the keys and
+        values of all T tokens are still computed (and cached), but the output only at
+        those positions: [B, 1, H]."""
         B, T, _ = x.shape
-        if self.qkv is not None:
-            q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
+        if queries is None:
+            if self.qkv is not None:
+                q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            cos_q, sin_q = cos, sin
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+            x_q = at_positions(x, queries)  # [B, 1, in]
+            if self.qkv is not None:
+                n_q = self.split_sizes[0]
+                w, b = self.qkv.weight, self.qkv.bias
+                q = F.linear(x_q, w[:n_q], None if b is None else b[:n_q])
+                k, v = F.linear(x, w[n_q:], None if b is None else b[n_q:]).split(self.split_sizes[1:], dim=-1)
+            else:
+                q, k, v = self.q_proj(x_q), self.k_proj(x), self.v_proj(x)
+            cos_q, sin_q = at_positions(cos, queries, dim=2), at_positions(sin, queries, dim=2)
+            mask = at_positions(mask, queries, dim=2)
+        Tq = q.shape[1]
+        q = q.reshape(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        q, k = rope(q, cos_q, sin_q), rope(k, cos, sin)
         if cache is not None:
             cache.write(layer, batch, k, v)
             k, v = cache.read(layer, batch)
             k, v = k.to(q.dtype), v.to(q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))
+
+
+def at_positions(t: torch.Tensor, index: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Row b's entry `index[b]` along `dim`, kept as a size-1 dim: [B, ..., T, ...] ->
+    [B, ..., 1, ...]."""
+    shape = [t.shape[0]] + [1] * (t.dim() - 1)
+    shape[dim] = 1
+    idx = index.view(shape).expand(*[1 if d == dim else s for d, s in enumerate(t.shape)])
+    return t.gather(dim, idx)
 
 
 class MLP(nn.Module):
@@ -219,9 +245,13 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache=None, layer=0, batch=None):
+    def forward(self, x, cos, sin, mask, cache=None, layer=0, batch=None, queries=None):
+        """x: [B, T, H] -> [B, T, H]; with `queries` ([B]) the output at those positions
+        only, [B, 1, H] (every token's KV is still written): see Attention."""
         h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        x = x + self.self_attn(h, cos, sin, mask, cache, layer, batch)
+        attn = self.self_attn(h, cos, sin, mask, cache, layer, batch, queries)
+        x = x if queries is None else at_positions(x, queries)
+        x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
