@@ -158,3 +158,16 @@ def test_captured_graphs_decode_like_eager_on_gpu():
     for graphs in components:
         assert not graphs.disabled, f"{graphs.name}: a capture failed (see the warning in the log)"
         assert graphs.graphs and all(g.graph is not None for g in graphs.graphs.values()), graphs.name
+
+
+def test_long_forwards_of_a_power_of_two_width_run_eagerly():
+    """A prompt's catch-up of exactly 32 or 64 tokens has a graph's width, but wider than
+    the drafters' spare positions (16): it runs eagerly, as every wider forward does, and
+    the requests generate what an eager engine generates."""
+    prompt = code_prompts(1, max_tokens=200)[0] * 2
+    reqs = lambda: [request(prompt[:n], 12, m, rid=f"{m}{n}")  # noqa: E731
+                    for n in (31, 32, 63, 64) for m in ("eagle2", "eagle3", "draft_model")]
+    engine = make_engine(dtype="float64", max_batch_size=12, cuda_graph_mode=True, cuda_graph_max_batch_size=16)
+    assert run_batch(engine, reqs()) == run_batch(make_engine(dtype="float64", max_batch_size=12), reqs())
+    for graphs in (engine.drafters[m].graphs for m in ("eagle2", "eagle3", "draft_model")):
+        assert graphs.graphs and max(k.width for k in graphs.graphs) <= graphs.max_width

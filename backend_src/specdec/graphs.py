@@ -105,6 +105,8 @@ class DecodeGraphs:
         self.cache = cache
         self.max_batch = min(max_batch, cache.num_slots)  # buckets never exceed the slots (gather buffer)
         self.spare_start = spare_start  # first slot position no request ever uses
+        self.max_width = cache.max_len - spare_start  # padding rows write a forward's width of spare positions
+        assert self.max_width >= 1, (cache.max_len, spare_start)
         self.capture = cache.kv.device.type == "cuda"
         self.graphs: dict[GraphKey, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
@@ -128,8 +130,11 @@ class DecodeGraphs:
         return width_bucket(tokens)
 
     def fits(self, batch: int, tokens: int) -> bool:
-        """A forward of this shape runs through a graph (else the caller runs it eagerly)."""
-        return not self.disabled and self.covers(batch) and tokens == width_bucket(tokens)
+        """A forward of this shape runs through a graph (else the caller runs it eagerly):
+        a width bucket no wider than the spare positions (a prompt-sized catch-up that
+        happens to be 64 tokens wide is not a decode-time forward)."""
+        return (not self.disabled and self.covers(batch) and tokens == width_bucket(tokens)
+                and tokens <= self.max_width)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool = False,
                 features: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -186,7 +191,7 @@ class DecodeGraphs:
     def _new(self, key: GraphKey, features: Optional[torch.Tensor]) -> _Graph:
         Bg, T, K = key.batch, key.width, key.keys
         dev = self.cache.kv.device
-        assert self.spare_start + T <= self.cache.max_len, "the cache has no spare positions for padding rows"
+        assert T <= self.max_width, (T, self.max_width)  # `fits` said so
         pad_write_pos = (self.spare_start + torch.arange(T, device=dev))[None].expand(Bg, T).contiguous()
         # A padding row's query t sees key 0 of row 0's slot: never an empty attention row.
         pad_mask = torch.zeros(Bg, 1, T, K, dtype=torch.bool, device=dev)

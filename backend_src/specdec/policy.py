@@ -348,7 +348,7 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     after `prefix_len` cached ones, logits of every node, one host sync (the first of
     four runs is a warm-up)."""
     target, dev = engine.target, engine.device
-    if engine.graphs is not None and engine.graphs.covers(B):
+    if engine.graphs is not None and engine.graphs.fits(B, engine.graphs.width(N)):
         N = engine.graphs.width(N)  # served padded to the graph's width: time that
     slots = torch.arange(B, device=dev)
     prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)

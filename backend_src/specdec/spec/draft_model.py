@@ -111,7 +111,8 @@ class DraftModelDrafter:
         for group in groups:
             lens = [len(unseen[i]) for i in group]
             width = max(lens)
-            if self.graphs is not None and width <= BATCHED_CATCH_UP and self.graphs.covers(len(group)):
+            if (self.graphs is not None and width <= BATCHED_CATCH_UP
+                    and self.graphs.fits(len(group), self.graphs.width(width))):
                 width = self.graphs.width(width)  # more padding columns, to a graph's width
             tokens = to_device([unseen[i] + [0] * (width - len(unseen[i])) for i in group], device)
             logits = self._forward([states[i] for i in group], tokens, lens)

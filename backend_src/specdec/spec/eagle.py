@@ -149,7 +149,7 @@ class EagleDrafter:
         device = self.cache.kv.device
         lens = [s.cached_len - s.draft.head_len for s in states]
         B, M = len(states), max(lens)
-        if self.graphs is not None and M <= BATCHED_CATCH_UP and self.graphs.covers(B):
+        if self.graphs is not None and M <= BATCHED_CATCH_UP and self.graphs.fits(B, self.graphs.width(M)):
             M = self.graphs.width(M)  # more padding columns, to a graph's width
         # Pair j of a request: the token after position head_len + j, with its feature.
         pending = [s.tokens[s.draft.head_len + 1: s.cached_len + 1] for s in states]
