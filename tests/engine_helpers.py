@@ -6,13 +6,14 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from dataset_converter import question_set_path
 from specdec.config import EngineConfig
 from specdec.engine import Engine
 from specdec.request import GenerationRequest, SamplingParams, SpecParams
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILY = Path(os.environ.get("SPECDEC_TEST_FAMILY", ROOT / "checkpoints"))
-HUMANEVAL = ROOT.parent / "shared" / "data" / "eagle_humaneval_question.jsonl"
+HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 
 
 def family_paths() -> dict:

@@ -19,7 +19,7 @@ import dataset_converter  # noqa: E402
 import genai_perf_compare as gpc  # noqa: E402
 import prepare_dataset  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = dataset_converter.data_dir()  # $SPECDEC_DATA_DIR, else ../shared/data
 QUESTION_SETS = sorted(DATA.glob("eagle_*_question.jsonl"))
 TOKENIZER = REPO / "checkpoints" / "base"
 FIXTURES = REPO / "tests" / "fixtures" / "genai_perf"

@@ -359,7 +359,8 @@ def build_engine(args: argparse.Namespace, entries: list[str], reqs: list[BenchR
         max_queue_size=max(64, len(reqs)),
         # EAGLE-2/3 tree size 0: the engine times candidate sizes at load and keeps the fastest.
         speculative_method=spec_methods[0] if total == 0 and spec_methods else "none",
-        eagle_total_tokens=0 if total == 0 else 16, adaptive_speculation=args.adaptive == "on", **dirs,
+        eagle_total_tokens=0 if total == 0 else 16, adaptive_speculation=args.adaptive == "on",
+        cuda_graph_mode=args.cuda_graphs, **dirs,
     )
     try:
         config.validate()
@@ -427,14 +428,15 @@ def machine_info(device: str) -> dict:
 
 
 def _git_commit() -> Optional[str]:
+    """HEAD (+dirty); where the tree has no git metadata (a copy on a GPU machine), $SPECDEC_COMMIT."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
+        head = dirty = ""
+    return (head + ("+dirty" if dirty else "")) or os.environ.get("SPECDEC_COMMIT") or None
 
 
 # ---------------------------------------------------------------- report
@@ -688,6 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
         cfg.add_argument("--hf-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                          help="dtype of the transformers references")
         cfg.add_argument("--device", default="cpu")
+        cfg.add_argument("--cuda-graphs", action="store_true",
+                         help="the engine's cuda_graph_mode: decode-time forwards replay CUDA graphs (GPU)")
         cfg.add_argument("--max-batch-size", type=int, default=8, help="throughput: requests decoded together")
         out = p.add_argument_group("output")
         out.add_argument("--report-json", type=Path, help="export config, per-request latencies and summaries")

@@ -53,9 +53,9 @@ sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
 from bench import BenchError, _validate_that  # noqa: E402
-from dataset_converter import DatasetError, first_turns, read_question_set  # noqa: E402
+from dataset_converter import DatasetError, first_turns, question_set_path, read_question_set  # noqa: E402
 
-HUMANEVAL = REPO.parent / "shared" / "data" / "eagle_humaneval_question.jsonl"
+HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 DEFAULT_CONFIGS = "plain,eagle2,eagle2-fixed"
 FIXABLE = ("eagle2", "eagle3")  # methods whose tree size a request can pin
 DRAFTER_DIRS = {"eagle": ("eagle_dir", "eagle"), "eagle2": ("eagle_dir", "eagle"), "eagle3": ("eagle3_dir", "eagle3"),
@@ -409,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed requests per configuration first (default 2)")
     p.add_argument("--device", default="cpu", help="in-process engine: cpu | cuda[:N]")
     p.add_argument("--dtype", default="float32", help="in-process engine dtype (default float32)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="in-process engine: cuda_graph_mode (decode-time forwards replay CUDA graphs; GPU)")
     p.add_argument("--eagle-total-tokens", type=int, default=0,
                    help="EAGLE-2/3 tree size; 0: the engine calibrates it (in-process only; "
                         "with --url the server's size, needed by -fixed configurations)")
@@ -440,7 +442,7 @@ def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: l
             max_batch_size=max(levels), max_queue_size=max(levels) + 1,
             max_seq_len=longest + args.output_tokens + room, max_tokens_limit=args.output_tokens,
             speculative_method=method, eagle_total_tokens=args.eagle_total_tokens,
-            adaptive_speculation=True, **drafters))
+            adaptive_speculation=True, cuda_graph_mode=args.cuda_graphs, **drafters))
     except ConfigError as e:
         raise BenchError(str(e)) from None
 
@@ -471,7 +473,7 @@ def run_benchmark(args) -> dict:
     else:
         engine = build_engine(args, configs, levels, prompts)  # loaded and looping in its own thread
         run = InProcess(engine, args.output_tokens)
-        setup.update(family=str(args.family), device=args.device, dtype=args.dtype,
+        setup.update(family=str(args.family), device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                      eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,
                      omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     points: list[Point] = []

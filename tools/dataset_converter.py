@@ -25,18 +25,24 @@ Every problem with the input (unreadable file, a line that is not JSON, no `turn
 an empty set) is reported with its line number and exit code 2; nothing is written
 unless the whole file converts.
 
+Where the question sets live (`data_dir`, `question_set_path`): `$SPECDEC_DATA_DIR` when set, else
+`../shared/data` beside the repository (on a machine where that folder is absent, copy
+it into the repository and point the variable at the copy; see tools/gpu_session.sh).
+
     python tools/dataset_converter.py --input_file question.jsonl --output_file converted.jsonl
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 GENAI_PERF_FIELDS = ("text", "text_input")
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 class DatasetError(ValueError):
@@ -59,6 +65,16 @@ class Question:
 def _validate_that(cond: bool, msg: str) -> None:
     if not cond:
         raise DatasetError(msg)
+
+
+def data_dir() -> Path:
+    """The folder of the EAGLE question sets: $SPECDEC_DATA_DIR, else ../shared/data."""
+    return Path(os.environ.get("SPECDEC_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+def question_set_path(name: str) -> Path:
+    """`eagle_<name>_question.jsonl` (humaneval, mt_bench, gsm8k, alpaca) in `data_dir()`."""
+    return data_dir() / f"eagle_{name}_question.jsonl"
 
 
 def read_question_set(path: str | Path) -> list[Question]:

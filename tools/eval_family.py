@@ -45,13 +45,13 @@ import torch  # noqa: E402
 
 from bench import machine_info  # noqa: E402
 from corpus import HELD_OUT_MODULES, cached_stream, eval_windows, list_sources, read_text  # noqa: E402
-from dataset_converter import first_turns, read_question_set  # noqa: E402
+from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.policy import MAX_TREE  # noqa: E402
 from specdec.request import AcceptanceStats, GenerationRequest, SamplingParams, SpecParams  # noqa: E402
 
-HUMANEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "eagle_humaneval_question.jsonl"
+HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 INSTRUCTION = "Complete the code I provided."
 CARD_BEGIN, CARD_END = "<!-- eval_family:begin -->", "<!-- eval_family:end -->"
 MODEL_DIRS = ("base", "draft", "eagle", "eagle3", "medusa")

@@ -7,7 +7,8 @@
 # OUT_DIR gets the repositories, server logs and GenAI-Perf artifacts, plus
 # comparison.json and comparison.md. Knobs (environment): RATE (0.4 req/s), REQUESTS (40,
 # concurrency run), INTERVAL (30000 ms windows, request-rate run), OUTPUT_TOKENS (128),
-# QUESTIONS (../shared/data/eagle_humaneval_question.jsonl), OMP_NUM_THREADS (2, server).
+# QUESTIONS ($SPECDEC_DATA_DIR/eagle_humaneval_question.jsonl; SPECDEC_DATA_DIR defaults to
+# ../shared/data), OMP_NUM_THREADS (2, server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash tools/genai_perf_run.sh OUT_DIR [profile options]}; shift
@@ -28,8 +29,8 @@ trap stop_server EXIT
 
 mkdir -p "$OUT"
 $PY tools/genai_perf_compare.py install
-$PY tools/dataset_converter.py --input_file "${QUESTIONS:-../shared/data/eagle_humaneval_question.jsonl}" \
-    --output_file "$OUT/prompts.jsonl"
+QUESTIONS=${QUESTIONS:-${SPECDEC_DATA_DIR:-../shared/data}/eagle_humaneval_question.jsonl}
+$PY tools/dataset_converter.py --input_file "$QUESTIONS" --output_file "$OUT/prompts.jsonl"
 for label in plain eagle2; do
     # shellcheck disable=SC2086  # METHOD holds several options
     $PY tools/build_model_repo.py --out "$OUT/repo_$label" ${METHOD[$label]}
