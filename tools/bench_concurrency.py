@@ -464,7 +464,7 @@ def run_benchmark(args) -> dict:
 
     setup = dict(configs=[asdict(c) for c in configs], concurrency=levels, num_requests=args.num_requests,
                  output_tokens=args.output_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                 question_set=str(args.question_set), prompts=len(prompts), warmup=args.warmup,
+                 question_set=os.path.relpath(args.question_set, REPO), prompts=len(prompts), warmup=args.warmup,
                  repeats=args.repeats)
     engine = None
     if args.url:

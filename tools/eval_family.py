@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "tools" / "train"))
 import torch  # noqa: E402
 
 from bench import machine_info  # noqa: E402
-from corpus import HELD_OUT_MODULES, cached_stream, eval_windows, list_sources, read_text  # noqa: E402
+from corpus import HELD_OUT_MODULES, cached_stream, eval_windows, list_sources, read_text, stdlib_root  # noqa: E402
 from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
@@ -96,19 +96,21 @@ def code_prompts(tokenizer, n: int, prompt_tokens: int) -> tuple[list[list[int]]
     _, heldout = list_sources()
     if n <= 0:
         return [], []
-    prompts, names = [], []
+    root = stdlib_root()
+    prompts, names = [], []  # names relative to the stdlib (no machine paths in the report)
     step = max(1, len(heldout) // n)
     for path in heldout[::step] + heldout:  # the spread first, then any file to fill up
         if len(prompts) == n:
             break
-        if str(path) in names:
+        name = path.relative_to(root).as_posix()
+        if name in names:
             continue
         # A prefix of the text is enough: tokens far from the cut do not depend on it.
         ids = tokenizer.encode(read_text(path)[: 16 * prompt_tokens], add_special_tokens=False)
         if len(ids) < prompt_tokens:
             continue
         prompts.append([tokenizer.bos_token_id] + ids[: prompt_tokens - 1])
-        names.append(str(path))
+        names.append(name)
     return prompts, names
 
 
