@@ -119,6 +119,39 @@ def test_choice_maximises_the_modelled_rate():
             assert rate[picked] > rate[1] * (1 + SPECULATE_MARGIN), (picked, rate)
 
 
+def test_one_pass_rates_equal_the_reference_model():
+    """`plan` rates every tree size in one pass (`_rates`); on random batches of
+    adaptive, pinned and plain requests of two methods, with per-request acceptance,
+    each size's rate equals `_rate` of the budgets it stands for."""
+    rng = random.Random(1)
+    for _ in range(40):
+        cost = synthetic_cost(per_token=rng.uniform(1e-5, 1e-3), fixed=rng.uniform(1e-3, 2e-2),
+                              draft_per_request=rng.uniform(1e-4, 3e-3), draft_share={4: 0.4, 8: 0.7})
+        cost.draft[("draft_model", 5)] = {b: 1e-3 * b for b in cost.batch_sizes}
+        policy = policy_with(cost, accept=rng.uniform(0.2, 4.0))
+        policy.available.add("draft_model")
+        batch = []
+        for _ in range(rng.choice([1, 3, 8, 20, 32])):
+            kind = rng.choice(["eagle2", "eagle2-small", "draft_model", "pinned", "none"])
+            st = {"eagle2": TreeSettings(method="eagle2", total_tokens=FULL),
+                  "eagle2-small": TreeSettings(method="eagle2", total_tokens=8),
+                  "draft_model": TreeSettings(method="draft_model", num_draft_tokens=4),
+                  "pinned": TreeSettings(method="eagle2", total_tokens=12, pinned=True),
+                  "none": TreeSettings(method="none")}[kind]
+            s = SimpleNamespace(settings=st, adaptive=None, cached_len=rng.randrange(0, 300))
+            policy._stats(s).mean = rng.uniform(0.0, 5.0)
+            batch.append(s)
+        budgets = [policy.full_nodes(s.settings) for s in batch]
+        full = {i: n for i, (s, n) in enumerate(zip(batch, budgets)) if n > 1 and not s.settings.pinned}
+        for i in full:
+            budgets[i] = 1
+        sizes = [16, 8, 4, 2]
+        rates = policy._rates(batch, budgets, full, sizes)
+        for size in [1] + sizes:
+            ref = [min(full[i], size) if i in full else n for i, n in enumerate(budgets)]
+            assert rates[size] == pytest.approx(policy._rate(batch, ref), rel=1e-12), size
+
+
 def test_smaller_trees_draft_shallower_and_narrower():
     policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=1e-3), accept=3.0)
     full = TreeSettings(method="eagle2", depth=5, top_k=8, total_tokens=FULL)

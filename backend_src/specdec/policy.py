@@ -53,6 +53,7 @@ DECAY = 0.8  # each new observation keeps this much of the older ones' weight (~
 # drafter catching up on its prompt; probes after pauses). At 16 clients on the CPU
 # a modelled +9 % for 2-node trees measured 0.88-0.95x of plain.
 SPECULATE_MARGIN = 0.10
+PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
 MAX_BACKOFF = 64  # ... doubled after each probe that accepted nothing, up to this
 
@@ -70,6 +71,7 @@ class AdaptiveState:
     backoff: int = FIRST_BACKOFF  # off steps before the next probe
     probing: bool = False  # this step's speculation is a probe after being off
     drafted: bool = False  # the drafter ran for it once (caught up on the prompt)
+    shrunk: dict = dataclasses.field(default_factory=dict)  # nodes -> the request's settings cut to them
 
     def estimate(self) -> float:
         """Expected full-tree acceptance; at a probe the stale mean gives way to the prior
@@ -164,13 +166,11 @@ class SpeculationPolicy:
             sizes = _ladder(max(full.values()))
             for i in active:
                 budgets[i] = 1
-            best, best_rate = 1, self._rate(states, budgets) * (1 + SPECULATE_MARGIN)
+            rates = self._rates(states, budgets, full, sizes)
+            best, best_rate = 1, rates[1] * (1 + SPECULATE_MARGIN)
             for size in sizes:
-                for i in active:
-                    budgets[i] = min(full[i], size)
-                rate = self._rate(states, budgets)
-                if rate > best_rate * (1 + 1e-9):
-                    best, best_rate = size, rate
+                if rates[size] > best_rate * (1 + 1e-9):
+                    best, best_rate = size, rates[size]
             for i in active:
                 budgets[i] = min(full[i], best)
         out = []
@@ -181,9 +181,11 @@ class SpeculationPolicy:
                 stats.probing = n > 1 and stats.off_steps > 0
                 stats.off_steps = stats.off_steps + 1 if n <= 1 else 0
             if n <= 1 and st.method != "none":
-                out.append(dataclasses.replace(st, method="none"))
+                out.append(PLAIN)
             elif n < self.full_nodes(st):
-                out.append(self._shrunk(st, n))
+                if n not in stats.shrunk:  # one object per request and size, not one per step
+                    stats.shrunk[n] = self._shrunk(st, n)
+                out.append(stats.shrunk[n])
             else:
                 out.append(st)
         return out
@@ -218,6 +220,42 @@ class SpeculationPolicy:
         cost = self.cost.verify_seconds(len(budgets), max(budgets), max(s.cached_len for s in states))
         cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
         return tokens / max(cost, 1e-9)
+
+    def _rates(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int]) -> dict[int, float]:
+        """`_rate` of the batch when every request in `full` (index -> its full tree)
+        gets min(full tree, size) nodes and the others keep `budgets`, for size 1 (no
+        tree) and each of `sizes`. One pass instead of one per size: the other requests'
+        tokens and drafting are summed once, and the adaptive ones are grouped by
+        (method, full tree), whose drafting cost and depth share they have in common. At
+        32 requests the per-size passes cost 0.37 ms a step (2 % of a plain CPU step),
+        spent even when every tree is turned down."""
+        key_len = max(s.cached_len for s in states)
+        tokens_fixed, n_fixed, drafting_fixed = 0.0, 1, collections.Counter()
+        for i, (s, n) in enumerate(zip(states, budgets)):
+            if i not in full:
+                tokens_fixed += 1 + self._expected_accept(s, n)
+                n_fixed = max(n_fixed, n)
+                if n > 1:
+                    drafting_fixed[(s.settings.method, self.draft_nodes(s.settings, n))] += 1
+        groups: dict[tuple[str, int], list] = {}  # (method, full tree) -> [requests, sum of estimates, settings]
+        for i, f in full.items():
+            st = states[i].settings
+            group = groups.setdefault((st.method, f), [0, 0.0, st])
+            group[0] += 1
+            group[1] += self._stats(states[i]).estimate()
+        rates = {}
+        for size in [1] + sizes:
+            tokens, N, drafting = tokens_fixed + len(full), n_fixed, collections.Counter(drafting_fixed)
+            for (method, f), (count, estimates, st) in groups.items():
+                n = min(f, size)
+                N = max(N, n)
+                if n > 1:
+                    tokens += estimates * _depth_share(n, f)
+                    drafting[(method, self.draft_nodes(st, n))] += count
+            cost = self.cost.verify_seconds(len(states), N, key_len)
+            cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
+            rates[size] = tokens / max(cost, 1e-9)
+        return rates
 
     def _stats(self, state) -> AdaptiveState:
         if state.adaptive is None:
@@ -327,7 +365,8 @@ class SpeculationPolicy:
         method = self.config.speculative_method
         if self.config.eagle_total_tokens or method not in ("eagle2", "eagle3"):
             return
-        prompt = [1] + list(range(3, 3 + 24))[: max(0, engine.max_context // 4 - 1)]  # any ids: the model continues them
+        # Any ids: the model continues them.
+        prompt = [1] + list(range(3, 3 + 24))[: max(0, engine.max_context // 4 - 1)]
         new_tokens = max(1, min(48, self.config.max_tokens_limit, engine.max_context - len(prompt) - MAX_TREE))
         best, best_t = self.total_tokens, float("inf")
         for size in CALIBRATION_SIZES:

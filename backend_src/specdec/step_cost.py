@@ -57,8 +57,15 @@ def _kind(nodes: int) -> str:
 
 
 def _nearest(xs: list[int], x: float) -> int:
-    """Index of the grid value nearest to x on a log scale."""
-    return min(range(len(xs)), key=lambda i: abs(math.log(xs[i]) - math.log(max(x, 1))))
+    """Index of the grid value (xs sorted, positive) nearest to x on a log scale; the
+    lower one on a tie. Called several times a step: bisection, not a scan."""
+    x = max(x, 1)
+    i = bisect.bisect_left(xs, x)
+    if i == 0:
+        return 0
+    if i == len(xs):
+        return len(xs) - 1
+    return i if math.log(xs[i]) - math.log(x) < math.log(x) - math.log(xs[i - 1]) else i - 1
 
 
 class StepCost:
@@ -68,6 +75,8 @@ class StepCost:
         self.prefix_len = prefix_len  # cached tokens before the tree in the grid's timings
         self.attn_slope = 0.0  # seconds per (query token x cached token past prefix_len)
         self.verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
+        self._curves: dict[int, tuple[list[int], list[float]]] = {}  # B -> (N grid, seconds), from `verify`
+        self._curves_of = -1  # len(verify) the curves were built from
         # (method, tree nodes) -> {requests drafted: seconds per call}
         self.draft: dict[tuple[str, int], dict[int, float]] = {}
         # measured / predicted, with the number of observations behind it, per grid cell
@@ -84,9 +93,15 @@ class StepCost:
 
     # -- predictions ---------------------------------------------------------------------
     def _verify_curve(self, B: int) -> tuple[list[int], list[float]]:
-        """Load-time verify seconds against N for grid batch size B."""
-        ns = [n for n in self.tree_sizes if (B, n) in self.verify]
-        return ns, [self.verify[(B, n)] for n in ns]
+        """Load-time verify seconds against N for grid batch size B (built once: the
+        grid is only written while calibrating, and a new entry rebuilds them all)."""
+        if self._curves_of != len(self.verify):
+            self._curves = {}
+            for b in self.batch_sizes:
+                ns = [n for n in self.tree_sizes if (b, n) in self.verify]
+                self._curves[b] = (ns, [self.verify[(b, n)] for n in ns])
+            self._curves_of = len(self.verify)
+        return self._curves[B]
 
     def verify_seconds(self, batch: int, nodes: int, key_len: int = 0) -> float:
         """Predicted verify step for `batch` requests whose trees pad to `nodes`, over a
