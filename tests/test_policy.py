@@ -152,33 +152,6 @@ def test_one_pass_rates_equal_the_reference_model():
             assert rates[size] == pytest.approx(policy._rate(batch, ref), rel=1e-12), size
 
 
-def test_catch_up_time_is_measured_per_drafting_step_and_counts_against_trees():
-    """Drafting calls that catch a drafter up (a newcomer's prompt) report their time
-    beyond steady drafting; a step that drafted adds it to the running mean of its
-    batch size, a step that did not adds nothing. A catch-up cost larger than what trees
-    gain turns speculation off at that load, and only there."""
-    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=2e-2, draft_per_request=1e-4), accept=2.0)
-    big, small = states(32), states(2)
-    assert chosen_nodes(policy, big)[0] > 1 and chosen_nodes(policy, small)[0] > 1
-    steady = policy.cost.draft_seconds("eagle2", 32, FULL)
-    for _ in range(30):  # newcomers (no adaptive state yet) make every call a catch-up
-        newcomers = states(32)
-        policy.record_draft_time(newcomers[0].settings, steady + 0.05, newcomers)
-        policy.record_verify_time(32, FULL, 0, 0.02)
-    assert policy.cost.catch_up_seconds(32) == pytest.approx(0.05, rel=0.01)
-    policy.record_verify_time(32, 1, 0, 0.02)  # a plain step: catch-ups are not its cost
-    assert policy.cost.catch_up_seconds(32) == pytest.approx(0.05, rel=0.01)
-    assert policy.cost.catch_up_seconds(2) == 0.0  # another load: not measured there
-    assert chosen_nodes(policy, states(32))[0] == 1
-    assert chosen_nodes(policy, states(2))[0] > 1
-    caught_up = states(32)
-    for s in caught_up:  # steady calls teach the drafting cost, not catch-ups
-        policy._stats(s).drafted = True
-    policy.record_draft_time(caught_up[0].settings, steady, caught_up)
-    policy.record_verify_time(32, FULL, 0, 0.02)
-    assert policy.cost.catch_up_seconds(32) < 0.05
-
-
 def test_smaller_trees_draft_shallower_and_narrower():
     policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=1e-3), accept=3.0)
     full = TreeSettings(method="eagle2", depth=5, top_k=8, total_tokens=FULL)

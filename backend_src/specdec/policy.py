@@ -13,9 +13,7 @@
   a smaller EAGLE-2/3 tree is also drafted shallower and narrower), whichever N
   maximises the step's expected tokens per second under the measured cost of the one
   verify forward (B requests x N nodes) plus batched drafting, a tree only where it
-  beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures,
-  including the drafters' catch-ups (a newcomer's prompt, a request back from a pause)
-  as their mean per drafting step at the batch's size.
+  beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
   Expected accepted tokens come from each request's recent acceptance, starting from
   its method's (`AdaptiveState`), so requests whose drafts stop matching, and large
   batches, speculate less. A request whose speculation is off probes it again after
@@ -51,9 +49,9 @@ PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was n
 PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many observed steps
 DECAY = 0.8  # each new observation keeps this much of the older ones' weight (~5-step memory)
 # A tree must beat plain steps by this modelled margin: predictions are within ~10 % of
-# measured steps. (Before the model counted drafters' catch-ups, a newcomer's prompt
-# among them, as their measured mean per drafting step, `StepCost.catch_up_seconds`, a
-# modelled +9 % for 2-node trees at 16 clients on the CPU measured 0.88-0.95x of plain.)
+# measured steps, and the model leaves out what only speculating costs (a newcomer's
+# drafter catching up on its prompt; probes after pauses). At 16 clients on the CPU
+# a modelled +9 % for 2-node trees measured 0.88-0.95x of plain.
 SPECULATE_MARGIN = 0.10
 PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
@@ -99,7 +97,6 @@ class SpeculationPolicy:
         self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
         self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
-        self._step_catch_up = 0.0  # this step's drafting seconds beyond steady-state drafting
 
     # -- at submit -----------------------------------------------------------------------
     def resolve(self, req: GenerationRequest) -> TreeSettings:
@@ -222,8 +219,6 @@ class SpeculationPolicy:
                                        for s, n in zip(states, budgets) if n > 1)
         cost = self.cost.verify_seconds(len(budgets), max(budgets), max(s.cached_len for s in states))
         cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
-        if drafting:
-            cost += self.cost.catch_up_seconds(len(states))
         return tokens / max(cost, 1e-9)
 
     def _rates(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int]) -> dict[int, float]:
@@ -259,8 +254,6 @@ class SpeculationPolicy:
                     drafting[(method, self.draft_nodes(st, n))] += count
             cost = self.cost.verify_seconds(len(states), N, key_len)
             cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
-            if drafting:
-                cost += self.cost.catch_up_seconds(len(states))
             rates[size] = tokens / max(cost, 1e-9)
         return rates
 
@@ -281,9 +274,8 @@ class SpeculationPolicy:
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
         reports them all. Calls that also caught a drafter up on a prompt or on the
-        tokens of steps without drafting do not teach the steady-state cost (counting
-        them would make every pause look more expensive and the policy pause more);
-        their time beyond the steady-state cost goes to the step's catch-up time."""
+        tokens of steps without drafting do not teach the steady-state cost: counting
+        them would make every pause look more expensive and the policy pause more."""
         if self._recording is not None:  # calibrating: collected by _time_drafters
             self._recording.append((len(states), seconds))
             return
@@ -291,20 +283,13 @@ class SpeculationPolicy:
         for s in states:
             if s.adaptive is not None:
                 s.adaptive.drafted = True
-        nodes = self.draft_nodes(settings, self.full_nodes(settings))
-        if catching_up:
-            steady = self.cost.draft_seconds(settings.method, len(states), nodes)
-            self._step_catch_up += max(0.0, seconds - steady)
-        else:
+        if not catching_up:
+            nodes = self.draft_nodes(settings, self.full_nodes(settings))
             self.cost.observe_draft(settings.method, len(states), nodes, seconds)
 
     def record_verify_time(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
-        """Every verify step's wall time, from its forward to its emitted tokens; the
-        step's last report, which also closes its catch-up time (steps that drafted)."""
+        """Every verify step's wall time, from its forward to its emitted tokens."""
         self.cost.observe_verify(batch, nodes, key_len, seconds)
-        if nodes > 1 and self._recording is None:
-            self.cost.observe_catch_up(batch, self._step_catch_up)
-        self._step_catch_up = 0.0
 
     # -- at load -------------------------------------------------------------------------
     def calibrate(self, engine) -> None:

@@ -77,9 +77,6 @@ class StepCost:
         self.verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
         self._curves: dict[int, tuple[list[int], list[float]]] = {}  # B -> (N grid, seconds), from `verify`
         self._curves_of = -1  # len(verify) the curves were built from
-        # batch bucket -> running mean of the seconds a drafting step spends catching drafters
-        # up (a newcomer's prompt, a request back from a pause), beyond steady drafting
-        self.catch_up: dict[int, float] = {}
         # (method, tree nodes) -> {requests drafted: seconds per call}
         self.draft: dict[tuple[str, int], dict[int, float]] = {}
         # measured / predicted, with the number of observations behind it, per grid cell
@@ -155,18 +152,6 @@ class StepCost:
         if key is not None and requests > 0:
             self._observe((((method, nodes), self._bucket(requests)), (method, nodes)), seconds,
                           self._draft_base(key, requests))
-
-    def observe_catch_up(self, batch: int, seconds: float) -> None:
-        """A step that drafted spent `seconds` catching drafters up (0 when none did)."""
-        bucket = self._bucket(batch)
-        mean = self.catch_up.get(bucket)
-        self.catch_up[bucket] = seconds if mean is None else (1 - EMA) * mean + EMA * seconds
-
-    def catch_up_seconds(self, batch: int) -> float:
-        """What catching drafters up costs a drafting step of `batch` requests on average,
-        as measured at that load (0 before any): with requests arriving all the time, part
-        of speculating at all, which the per-call drafting costs leave out."""
-        return self.catch_up.get(self._bucket(batch), 0.0)
 
     def _correction(self, cell, kind) -> float:
         ratio, seen = self._ratio.get(cell, (1.0, 0))
