@@ -362,8 +362,8 @@ class Engine:
                 trees: list[DraftTree]) -> None:
         B, dev = len(states), self.device
         N = max(t.num_nodes for t in trees)
-        if self.graphs is not None and self.graphs.fits(B, self.graphs.width(N)):
-            N = self.graphs.width(N)  # extra nodes are padding, as a smaller tree's are
+        if self.graphs is not None:
+            N = self.graphs.padded_width(B, N)  # extra nodes are padding, as a smaller tree's are
         host_slots = [s.slot for s in states]
         # [4, B]: nodes, cached lengths, slots, roots: one transfer for the step's host values
         meta = to_device([[t.num_nodes for t in trees], [s.cached_len for s in states], host_slots,

@@ -129,6 +129,13 @@ class DecodeGraphs:
         """The width a forward of `tokens` tokens per request is padded to."""
         return width_bucket(tokens)
 
+    def padded_width(self, batch: int, tokens: int) -> int:
+        """The width to build a forward of `tokens` tokens per request at: its graph's
+        width when a graph takes the padded shape, else `tokens` (the caller pads with
+        tokens whose outputs it ignores: a tree's padding nodes, a catch-up's columns)."""
+        width = width_bucket(tokens)
+        return width if self.fits(batch, width) else tokens
+
     def fits(self, batch: int, tokens: int) -> bool:
         """A forward of this shape runs through a graph (else the caller runs it eagerly):
         a width bucket no wider than the spare positions (a prompt-sized catch-up that

@@ -214,15 +214,14 @@ class SpeculationPolicy:
         return self._stats(state).estimate() * _depth_share(nodes, self.full_nodes(state.settings))
 
     def _rate(self, states: list, budgets: list[int]) -> float:
-        tokens = sum(1 + self._expected_accept(s, n) for s, n in zip(states, budgets))
-        drafting = collections.Counter((s.settings.method, self.draft_nodes(s.settings, n))
-                                       for s, n in zip(states, budgets) if n > 1)
-        cost = self.cost.verify_seconds(len(budgets), max(budgets), max(s.cached_len for s in states))
-        cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
-        return tokens / max(cost, 1e-9)
+        """Expected emitted tokens per second of a step with these node budgets: each
+        request's 1 + expected accepted drafts, over the verify forward of the batch's
+        largest tree plus its drafting calls (`_rates` without adaptive requests: every
+        request summed one by one)."""
+        return self._rates(states, budgets, {}, [])[1]
 
     def _rates(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int]) -> dict[int, float]:
-        """`_rate` of the batch when every request in `full` (index -> its full tree)
+        """The `_rate` of the batch when every request in `full` (index -> its full tree)
         gets min(full tree, size) nodes and the others keep `budgets`, for size 1 (no
         tree) and each of `sizes`. One pass instead of one per size: the other requests'
         tokens and drafting are summed once, and the adaptive ones are grouped by
@@ -387,8 +386,8 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     after `prefix_len` cached ones, logits of every node, one host sync (the first of
     four runs is a warm-up)."""
     target, dev = engine.target, engine.device
-    if engine.graphs is not None and engine.graphs.fits(B, engine.graphs.width(N)):
-        N = engine.graphs.width(N)  # served padded to the graph's width: time that
+    if engine.graphs is not None:
+        N = engine.graphs.padded_width(B, N)  # served padded to the graph's width: time that
     slots = torch.arange(B, device=dev)
     prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)
     ids = torch.zeros(B, N, dtype=torch.long, device=dev)

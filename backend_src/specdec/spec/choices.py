@@ -86,6 +86,7 @@ class StaticTree:
     max_depth: int  # deepest choice (the number of heads / draft steps it needs)
     max_rank: int  # largest top-k index used (top_k needed = max_rank + 1)
     _buffers: dict = field(default_factory=dict, repr=False, compare=False)
+    _nodes: dict = field(default_factory=dict, repr=False, compare=False)  # device -> (parents, depth, rank)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -105,6 +106,15 @@ class StaticTree:
                     **{name: getattr(cpu, name).to(device) for name in
                        ("tree_mask", "positions", "depth", "first_child", "next_sibling")})
             return self._buffers[device]
+
+    def nodes(self, device: Union[str, torch.device] = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(parents, depth, rank) [N] on `device`, copied once per device (a drafter's
+        step reads them without a host-to-device copy)."""
+        device = torch.device(device)
+        with self._lock:
+            if device not in self._nodes:
+                self._nodes[device] = (self.parents.to(device), self.depth.to(device), self.rank.to(device))
+            return self._nodes[device]
 
 
 def _parse_braces(text: str) -> Any:

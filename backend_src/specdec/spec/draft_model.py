@@ -111,9 +111,8 @@ class DraftModelDrafter:
         for group in groups:
             lens = [len(unseen[i]) for i in group]
             width = max(lens)
-            if (self.graphs is not None and width <= BATCHED_CATCH_UP
-                    and self.graphs.fits(len(group), self.graphs.width(width))):
-                width = self.graphs.width(width)  # more padding columns, to a graph's width
+            if self.graphs is not None:  # more padding columns, to a graph's width (short catch-ups)
+                width = self.graphs.padded_width(len(group), width)
             tokens = to_device([unseen[i] + [0] * (width - len(unseen[i])) for i in group], device)
             logits = self._forward([states[i] for i in group], tokens, lens)
             for row, i in enumerate(group):

@@ -149,8 +149,8 @@ class EagleDrafter:
         device = self.cache.kv.device
         lens = [s.cached_len - s.draft.head_len for s in states]
         B, M = len(states), max(lens)
-        if self.graphs is not None and M <= BATCHED_CATCH_UP and self.graphs.fits(B, self.graphs.width(M)):
-            M = self.graphs.width(M)  # more padding columns, to a graph's width
+        if self.graphs is not None:  # more padding columns, to a graph's width (short catch-ups)
+            M = self.graphs.padded_width(B, M)
         # Pair j of a request: the token after position head_len + j, with its feature.
         pending = [s.tokens[s.draft.head_len + 1: s.cached_len + 1] for s in states]
         tokens = to_device([p + [0] * (M - len(p)) for p in pending], device)  # [B, M]
@@ -252,6 +252,7 @@ class EagleDrafter:
         plan = self._plan_for(tree, device)
         host_slots = [s.slot for s in states]
         slots, head_len = to_device([host_slots, [s.draft.head_len for s in states]], device)  # [B] each
+        max_head = max(s.draft.head_len for s in states)
         tokens = torch.zeros(B, plan.num_nodes, dtype=torch.long, device=device)  # node 0: the engine writes the root
         node_out = torch.zeros(B, plan.num_nodes, H, dtype=last.dtype, device=device)  # head output per node
         logp, d2t = self._log_probs(last)
@@ -262,7 +263,7 @@ class EagleDrafter:
             feats = torch.where(lv.from_root[None, :, None], last[:, None], node_out[:, lv.parents])
             batch = AttentionBatch.build(slots, head_len, lv.local[None].expand(B, T, lv.local.shape[1]),
                                          write_offset=lv.local.shape[1] - T, host_slots=host_slots,
-                                         max_prefix=max(s.draft.head_len for s in states))
+                                         max_prefix=max_head)
             positions = (head_len + lv.depth - 1)[:, None].expand(B, T)
             out = self._head(tokens[:, lv.nodes], feats, positions, batch)
             node_out[:, lv.nodes] = out

@@ -27,7 +27,6 @@ class MedusaDrafter:
 
     def __init__(self, heads: MedusaHeads):
         self.heads = heads
-        self._trees: dict = {}  # (id(tree), device) -> (tree, parents [N], head index [N], rank [N], kmax)
 
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = MedusaState(hidden[-1])
@@ -44,21 +43,11 @@ class MedusaDrafter:
         state.draft = None
 
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
-        device = states[0].draft.last_hidden.device
-        _, parents, head_of, rank, kmax = self._tree_tensors(settings[0].choices, device)
+        tree = settings[0].choices
+        parents, depth, rank = tree.nodes(states[0].draft.last_hidden.device)
         hidden = torch.stack([s.draft.last_hidden for s in states])  # [B, H]
-        top = self.heads(hidden).topk(kmax, dim=-1).indices  # [K, B, kmax]
+        top = self.heads(hidden).topk(tree.max_rank + 1, dim=-1).indices  # [K, B, kmax]
         # Node i (i > 0) takes top[depth[i] - 1, b, rank[i]]; node 0, the root, is
         # written by the engine.
-        tokens = top[head_of, :, rank].transpose(0, 1)  # [B, N]
+        tokens = top[(depth - 1).clamp(min=0), :, rank].transpose(0, 1)  # [B, N]
         return [DraftTree(tokens[b], parents) for b in range(len(states))]
-
-    def _tree_tensors(self, tree, device) -> tuple:
-        """A static tree's tensors on `device`, made once (not a copy per step)."""
-        key = (id(tree), str(device))
-        if key not in self._trees:
-            rank = torch.as_tensor(tree.rank)
-            self._trees[key] = (tree, torch.as_tensor(tree.parents).to(device),
-                                (torch.as_tensor(tree.depth) - 1).clamp(min=0).to(device), rank.to(device),
-                                int(rank.max()) + 1)
-        return self._trees[key]
