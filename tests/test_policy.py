@@ -29,7 +29,7 @@ def synthetic_cost(per_token: float, fixed: float, draft_per_request: float, max
     cost = StepCost(bs, ns)
     for B in bs:
         for N in ns:
-            cost.verify[(B, N)] = fixed + per_token * B * N
+            cost.set_verify(B, N, fixed + per_token * B * N)
     for n, share in {FULL: 1.0, **(draft_share or {})}.items():
         cost.draft[("eagle2", n)] = {b: share * draft_per_request * b for b in bs}
     return cost
@@ -50,6 +50,18 @@ def states(n: int) -> list:
 
 def chosen_nodes(policy: SpeculationPolicy, batch: list) -> list[int]:
     return [1 if st.method == "none" else st.total_tokens for st in policy.plan(batch)]
+
+
+def test_a_rewritten_verify_cell_changes_the_prediction():
+    """Predictions use curves built from the grid; a cell written again after they were
+    built is seen (the curves are rebuilt), and the grid cannot be written around
+    `set_verify`, where a write would go unseen."""
+    cost = synthetic_cost(per_token=1e-3, fixed=1e-2, draft_per_request=2e-3)
+    before = cost.verify_seconds(4, 8)
+    cost.set_verify(4, 8, 10 * cost.verify[(4, 8)])
+    assert cost.verify_seconds(4, 8) == pytest.approx(10 * before)
+    with pytest.raises(TypeError):
+        cost.verify[(4, 8)] = 1.0
 
 
 def test_step_cost_interpolates_and_follows_measurements():

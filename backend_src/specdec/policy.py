@@ -315,7 +315,7 @@ class SpeculationPolicy:
             for N in tree_sizes:
                 if B * N > MAX_GRID_TOKENS and N > 1:
                     break
-                self.cost.verify[(B, N)] = _time_forward(engine, B, N, prefix_len)
+                self.cost.set_verify(B, N, _time_forward(engine, B, N, prefix_len))
         long_prefix = min(4 * prefix_len, engine.max_context - max_tree - 1)
         B = batch_sizes[min(2, len(batch_sizes) - 1)]
         N = max(n for n in tree_sizes if (B, n) in self.cost.verify)

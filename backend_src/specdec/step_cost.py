@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Optional
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 EMA = 0.2  # weight of one observation in a running measured/predicted ratio
 CELL_TRUST = 3  # observations before a cell's own ratio replaces its class's
@@ -74,9 +75,9 @@ class StepCost:
         self.tree_sizes = tree_sizes  # N grid, ascending
         self.prefix_len = prefix_len  # cached tokens before the tree in the grid's timings
         self.attn_slope = 0.0  # seconds per (query token x cached token past prefix_len)
-        self.verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
-        self._curves: dict[int, tuple[list[int], list[float]]] = {}  # B -> (N grid, seconds), from `verify`
-        self._curves_of = -1  # len(verify) the curves were built from
+        self._verify: dict[tuple[int, int], float] = {}  # (B, N) -> seconds, from the load-time timings
+        # B -> (N grid, seconds): `_verify` as curves, built at the first prediction after a write
+        self._curves: Optional[dict[int, tuple[list[int], list[float]]]] = None
         # (method, tree nodes) -> {requests drafted: seconds per call}
         self.draft: dict[tuple[str, int], dict[int, float]] = {}
         # measured / predicted, with the number of observations behind it, per grid cell
@@ -89,18 +90,27 @@ class StepCost:
 
     @property
     def ready(self) -> bool:
-        return bool(self.verify)
+        return bool(self._verify)
+
+    @property
+    def verify(self) -> Mapping[tuple[int, int], float]:
+        """(B, N) -> seconds of the load-time verify grid, read-only: write with `set_verify`."""
+        return MappingProxyType(self._verify)
+
+    def set_verify(self, batch: int, nodes: int, seconds: float) -> None:
+        """One cell of the verify grid (calibration); predictions rebuild their curves."""
+        self._verify[(batch, nodes)] = seconds
+        self._curves = None
 
     # -- predictions ---------------------------------------------------------------------
     def _verify_curve(self, B: int) -> tuple[list[int], list[float]]:
-        """Load-time verify seconds against N for grid batch size B (built once: the
-        grid is only written while calibrating, and a new entry rebuilds them all)."""
-        if self._curves_of != len(self.verify):
+        """Load-time verify seconds against N for grid batch size B, as built once after
+        the grid's last write (predictions run several times a step)."""
+        if self._curves is None:
             self._curves = {}
             for b in self.batch_sizes:
-                ns = [n for n in self.tree_sizes if (b, n) in self.verify]
-                self._curves[b] = (ns, [self.verify[(b, n)] for n in ns])
-            self._curves_of = len(self.verify)
+                ns = [n for n in self.tree_sizes if (b, n) in self._verify]
+                self._curves[b] = (ns, [self._verify[(b, n)] for n in ns])
         return self._curves[B]
 
     def verify_seconds(self, batch: int, nodes: int, key_len: int = 0) -> float:
