@@ -1,0 +1,26 @@
+"""tools/bench_overheads.py on tiny sizes: it runs, the catch-up's one-position output
+equals the full forward's, and its off-state comparison drafts nothing (the tool stops
+otherwise)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+import bench_overheads  # noqa: E402
+
+
+def test_tiny_run_reports_both_measurements(tmp_path):
+    out = tmp_path / "overheads.json"
+    assert bench_overheads.main(["--pairs", "24", "--iters", "1", "--batch", "3", "--steps", "2", "--repeats", "2",
+                                 "--report-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    for method in ("eagle2", "eagle3"):
+        row = r["catch_up"][method]
+        assert row["pairs"] == 24 and row["full_ms"] > 0 and row["queries_ms"] > 0
+        assert row["max_abs_diff"] < 1e-4
+    m = r["off_state"]["median_ms"]
+    assert m["none"]["step"] > 0 and m["eagle2"]["step"] > 0 and m["eagle2"]["commit"] > 0
+    assert [len(r["off_state"]["per_repeat_ms"][k]) for k in ("none", "eagle2")] == [2, 2]

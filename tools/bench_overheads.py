@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Small costs of the engine that a throughput run cannot resolve, measured in place.
+
+    OMP_NUM_THREADS=2 python tools/bench_overheads.py --report-json docs/bench/overheads.json
+
+Two measurements on the shipped family (float32), each side by side in one process:
+- catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
+  the full forward against the output at the last position only (`queries`), median of
+  `--iters` calls each; the two outputs are compared too.
+- off-state: `--batch` requests stepped as plain decoding and as adaptive EAGLE-2 with
+  every tree turned down (verification of any tree priced 100x), `--steps` steps each,
+  alternating `--repeats` times; per step: the whole step, the policy's planning and the
+  EAGLE features' commit. What adaptive speculation costs when it speculates nothing
+  (the run stops if a tree is drafted in a timed step).
+
+Not owned here: throughput under load (tools/bench_concurrency.py).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "backend_src"))
+sys.path.insert(0, str(REPO / "tools"))
+
+import torch  # noqa: E402
+
+from bench import machine_info  # noqa: E402
+from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
+from specdec import engine as engine_module, policy as policy_module  # noqa: E402
+from specdec.config import EngineConfig  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.kv_cache import AttentionBatch  # noqa: E402
+from specdec.models.layers import causal_mask  # noqa: E402
+from specdec.request import GenerationRequest, SpecParams  # noqa: E402
+from specdec.spec import eagle as eagle_module  # noqa: E402
+
+
+def _engine(family: Path, batch: int) -> Engine:
+    return Engine(EngineConfig(
+        base_model_dir=str(family / "base"), eagle_dir=str(family / "eagle"), eagle3_dir=str(family / "eagle3"),
+        speculative_method="eagle2", eagle_total_tokens=16, max_seq_len=1024, max_batch_size=batch,
+        max_queue_size=4 * batch, adaptive_speculation=True))
+
+
+def catch_up(engine: Engine, pairs: int, iters: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for method in ("eagle2", "eagle3"):
+        drafter = engine.drafters[method]
+        tokens = torch.randint(0, engine.vocab_size, (1, pairs), generator=gen)
+        positions = torch.arange(pairs)[None]
+        features = torch.randn(1, pairs, drafter.feats.shape[-1], generator=gen)
+        batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, pairs, "cpu"),
+                                     host_slots=[0], max_prefix=0)
+        last = torch.tensor([pairs - 1])
+        times = {"full": [], "queries": []}
+        with torch.inference_mode():
+            x = drafter.head.fc(features) if drafter.eagle3 else features
+
+            def run(queries: Optional[torch.Tensor]) -> torch.Tensor:
+                return drafter.head(tokens, x, positions, batch.mask, drafter.cache, batch, queries=queries)
+
+            diff = (run(None)[:, -1] - run(last)[:, 0]).abs().max().item()
+            for _ in range(iters):
+                for name, queries in (("full", None), ("queries", last)):
+                    t0 = time.perf_counter()
+                    run(queries)
+                    times[name].append(time.perf_counter() - t0)
+        out[method] = dict(pairs=pairs, full_ms=1e3 * statistics.median(times["full"]),
+                           queries_ms=1e3 * statistics.median(times["queries"]), max_abs_diff=diff)
+    return out
+
+
+def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int) -> dict:
+    spent: dict[str, float] = collections.defaultdict(float)
+
+    def timed(cls, name: str, key: str) -> None:
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        setattr(cls, name, wrapper)
+
+    timed(policy_module.SpeculationPolicy, "plan", "plan")
+    timed(eagle_module.EagleDrafter, "commit", "commit")
+    timed(engine_module.Engine, "step", "step")
+    cost = engine.policy.cost
+    for (B, N), seconds in list(cost.verify.items()):  # no tree ever pays: adaptive requests stay plain
+        if N > 1:
+            cost.set_verify(B, N, 100 * seconds)
+    per_step: dict[str, list[dict]] = {"none": [], "eagle2": []}
+    for r in range(repeats):
+        for method in ("none", "eagle2") if r % 2 == 0 else ("eagle2", "none"):
+            for i, ids in enumerate(prompts):
+                req = GenerationRequest(f"{method}-{r}-{i}", ids, steps + 8, spec=SpecParams(method=method))
+                engine.submit(req, lambda o: None)
+            for _ in range(3):  # admission and prefill
+                engine.step()
+            spent.clear()
+            drafted = sum(engine.metrics.draft_tokens.values())
+            for _ in range(steps):
+                engine.step()
+            if sum(engine.metrics.draft_tokens.values()) != drafted:  # the comparison would be void
+                raise SystemExit("off-state: a tree was drafted in the timed steps (is the cost model pinned?)")
+            per_step[method].append({k: 1e3 * v / steps for k, v in spent.items()})
+            for state in list(engine._running):
+                engine._finish(state, [], "cancelled")
+    summary = {m: {k: statistics.median(x.get(k, 0.0) for x in rows) for k in ("step", "plan", "commit")}
+               for m, rows in per_step.items()}
+    summary["overhead"] = summary["eagle2"]["step"] / summary["none"]["step"] - 1
+    return dict(batch=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=per_step, median_ms=summary)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", type=Path, default=REPO / "checkpoints")
+    p.add_argument("--pairs", type=int, default=300, help="catch-up length (default 300)")
+    p.add_argument("--iters", type=int, default=20, help="catch-up calls per variant (default 20)")
+    p.add_argument("--batch", type=int, default=32, help="requests stepped together (default 32)")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per repeat (default 40)")
+    p.add_argument("--repeats", type=int, default=5, help="plain/adaptive alternations (default 5)")
+    p.add_argument("--report-json", type=Path, default=None)
+    args = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.family / "base"), local_files_only=True)
+    texts = first_turns(read_question_set(question_set_path("humaneval")))
+    prompts = [tokenizer(t).input_ids[:200] for t in texts]
+    prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
+    engine = _engine(args.family, args.batch)
+    report = dict(tool="tools/bench_overheads.py", command=" ".join(["python", "tools/bench_overheads.py",
+                                                                      *(argv or sys.argv[1:])]),
+                  machine=machine_info("cpu"), catch_up=catch_up(engine, args.pairs, args.iters),
+                  off_state=off_state(engine, prompts, args.steps, args.repeats))
+    for method, row in report["catch_up"].items():
+        print(f"catch-up {method}, {row['pairs']} pairs: full {row['full_ms']:.2f} ms, last position only "
+              f"{row['queries_ms']:.2f} ms (max |diff| {row['max_abs_diff']:.1e})")
+    m = report["off_state"]["median_ms"]
+    print(f"off-state, batch {args.batch}: plain {m['none']['step']:.2f} ms/step, adaptive EAGLE-2 with every "
+          f"tree off {m['eagle2']['step']:.2f} ms/step ({100 * m['overhead']:+.1f} %); planning "
+          f"{m['eagle2']['plan']:.3f} ms, EAGLE commit {m['eagle2']['commit']:.3f} ms")
+    if args.report_json:
+        args.report_json.parent.mkdir(parents=True, exist_ok=True)
+        args.report_json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
