@@ -13,7 +13,7 @@ import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
-from specdec.policy import SPECULATE_MARGIN, SpeculationPolicy
+from specdec.policy import FIRST_BACKOFF, REPLAN_STEPS, SPECULATE_MARGIN, SpeculationPolicy
 from specdec.spec.base import TreeSettings
 from specdec.step_cost import StepCost
 
@@ -217,6 +217,32 @@ def test_a_request_whose_drafts_start_matching_again_gets_its_tree_back():
     policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)
     picks = run_steps(policy, states(1), [0] * 12 + [8] * 40)
     assert 1 in picks[:12] and picks[-10:] == [FULL] * 10
+
+
+def test_a_plan_without_trees_holds_a_few_steps_unless_the_batch_changes(monkeypatch):
+    """Under full load no tree pays, and planning every step cost more than the rest of
+    adaptive speculation: a plan that turned every tree down is made again only after
+    REPLAN_STEPS steps (then trees that became cheap are seen), or at once when the batch
+    changes."""
+    cost = synthetic_cost(per_token=1e-2, fixed=0.0, draft_per_request=1e-3)
+    policy = policy_with(cost, accept=3.0)
+    planned = []
+    rates = policy._rates
+    monkeypatch.setattr(policy, "_rates", lambda *args: planned.append(policy._step) or rates(*args))
+    batch = states(8)
+    for _ in range(4 * REPLAN_STEPS):
+        assert chosen_nodes(policy, batch) == [1] * 8
+    # Planned at step 1; paused requests (steps 2 .. FIRST_BACKOFF) need no plan; then the
+    # same batch with the same estimates is planned once per REPLAN_STEPS steps.
+    assert FIRST_BACKOFF < REPLAN_STEPS
+    assert planned == list(range(1, 4 * REPLAN_STEPS + 1, REPLAN_STEPS)), planned
+    joined = batch + states(1)
+    chosen_nodes(policy, joined)
+    assert planned[-1] == policy._step  # a newcomer: planned at once
+    for B, N in list(cost.verify):  # verification becomes memory-bound: trees pay
+        cost.set_verify(B, N, 1e-2 + 1e-6 * B * N)
+    picks = [chosen_nodes(policy, joined)[0] for _ in range(REPLAN_STEPS)]
+    assert picks[-1] == FULL and picks.count(1) < REPLAN_STEPS, picks
 
 
 def test_pinned_requests_keep_their_tree():

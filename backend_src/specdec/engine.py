@@ -465,7 +465,7 @@ class Engine:
             self.drafters[states[rows[0]].settings.method].commit(
                 [states[b] for b in rows],
                 AcceptedBatch(nodes=pick(accepted), lengths=[accept_host[b] + 1 for b in rows], start=pick(prefix),
-                              hidden=pick(hidden), aux=pick(aux)))
+                              slots=pick(slots), hidden=pick(hidden), aux=pick(aux)))
         for b, s in enumerate(states):
             a = accept_host[b]
             nodes = accepted_host[b][: a + 1]

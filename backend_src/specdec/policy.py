@@ -18,8 +18,9 @@
   its method's (`AdaptiveState`), so requests whose drafts stop matching, and large
   batches, speculate less. A request whose speculation is off probes it again after
   `FIRST_BACKOFF` steps, waiting twice as long after each probe that accepted
-  nothing. Requests that pinned their tree size, and configs with
-  `adaptive_speculation: false`, are left alone.
+  nothing. A batch whose plan turned every tree down is planned again after
+  `REPLAN_STEPS` steps, or as soon as it changes. Requests that pinned their tree
+  size, and configs with `adaptive_speculation: false`, are left alone.
 """
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ SPECULATE_MARGIN = 0.10
 PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
 MAX_BACKOFF = 64  # ... doubled after each probe that accepted nothing, up to this
+# A batch whose plan turned every tree down keeps that plan this many steps, unless it
+# changes (a request joins, leaves, or ends a pause): under full load, where no tree
+# pays, re-planning every step was most of what adaptive speculation cost per step.
+REPLAN_STEPS = 8
 
 
 @dataclasses.dataclass
@@ -97,6 +102,9 @@ class SpeculationPolicy:
         self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
         self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
+        self._step = 0  # plans made
+        # After a plan that turned every tree down: (what it was planned from, its step)
+        self._denied: Optional[tuple[tuple, int]] = None
 
     # -- at submit -----------------------------------------------------------------------
     def resolve(self, req: GenerationRequest) -> TreeSettings:
@@ -149,6 +157,7 @@ class SpeculationPolicy:
 
     def plan(self, states: list) -> list[TreeSettings]:
         """This step's settings per request (node budgets applied)."""
+        self._step += 1
         budgets = [self.full_nodes(s.settings) for s in states]
         adaptive = [i for i, s in enumerate(states) if s.settings.method != "none" and not s.settings.pinned
                     and self.cost.ready and self._recording is None]  # calibration times fixed trees
@@ -163,14 +172,9 @@ class SpeculationPolicy:
         active = [i for i in adaptive if budgets[i] > 1]
         if active:
             full = {i: budgets[i] for i in active}
-            sizes = _ladder(max(full.values()))
             for i in active:
                 budgets[i] = 1
-            rates = self._rates(states, budgets, full, sizes)
-            best, best_rate = 1, rates[1] * (1 + SPECULATE_MARGIN)
-            for size in sizes:
-                if rates[size] > best_rate * (1 + 1e-9):
-                    best, best_rate = size, rates[size]
+            best = self._best_size(states, budgets, full)
             for i in active:
                 budgets[i] = min(full[i], best)
         out = []
@@ -189,6 +193,25 @@ class SpeculationPolicy:
             else:
                 out.append(st)
         return out
+
+    def _best_size(self, states: list, budgets: list[int], full: dict[int, int]) -> int:
+        """The batch's tree size N for the adaptive requests in `full` (1: no tree): the
+        one with the most expected tokens per second, a tree only past the margin. A plan
+        of N = 1 holds for REPLAN_STEPS steps while the batch, its adaptive requests and
+        their estimates stay as they were (the estimates do not move while nothing is
+        drafted); only the costs drift meanwhile, and slowly."""
+        key = (tuple(id(s) for s in states), tuple(full.items()),
+               tuple(self._stats(states[i]).estimate() for i in full))
+        if self._denied is not None and self._denied[0] == key and self._step - self._denied[1] < REPLAN_STEPS:
+            return 1
+        sizes = _ladder(max(full.values()))
+        rates = self._rates(states, budgets, full, sizes)
+        best, best_rate = 1, rates[1] * (1 + SPECULATE_MARGIN)
+        for size in sizes:
+            if rates[size] > best_rate * (1 + 1e-9):
+                best, best_rate = size, rates[size]
+        self._denied = (key, self._step) if best == 1 else None
+        return best
 
     def _shrunk(self, st: TreeSettings, n: int) -> TreeSettings:
         if st.method == "draft_model":

@@ -58,6 +58,7 @@ class AcceptedBatch:
     nodes: torch.Tensor  # [B, N] int64 accepted node indices in path order, nodes[:, 0] = 0, then -1
     lengths: list[int]  # [B] accepted path lengths (accepted drafts + 1)
     start: torch.Tensor  # [B] int64 cache position of each root (the cached length before the step)
+    slots: torch.Tensor  # [B] int64 cache slot of each request
     hidden: torch.Tensor  # [B, N, H] target final hidden states at every node
     aux: Optional[torch.Tensor]  # [B, N, 3H] EAGLE-3 features at every node, or None
 

@@ -105,11 +105,13 @@ class EagleDrafter:
         overwrites them, and a tree never extends past the slot (the engine caps it)."""
         src = accepted.aux if self.eagle3 else accepted.hidden  # [B, N, F]
         B, N = accepted.nodes.shape
+        if N == 1:  # a plain step (every tree turned down): the root's feature alone
+            self.feats[accepted.slots, accepted.start] = src[:, 0].to(self.feats.dtype)
+            return
         device = src.device
         rows = torch.arange(B, device=device)[:, None]
-        slots = to_device([s.slot for s in states], device)[:, None]
         positions = accepted.start[:, None] + torch.arange(N, device=device)[None]  # [B, N]
-        self.feats[slots, positions] = src[rows, accepted.nodes.clamp(min=0)].to(self.feats.dtype)
+        self.feats[accepted.slots[:, None], positions] = src[rows, accepted.nodes.clamp(min=0)].to(self.feats.dtype)
 
     def release(self, state) -> None:
         state.draft = None
