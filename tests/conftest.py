@@ -24,7 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "backend_src"))
-sys.path.insert(0, str(ROOT / "tools"))
+for _tools in ("tools", "tools/bench", "tools/data", "tools/train"):  # the tools import as modules
+    sys.path.insert(0, str(ROOT / _tools))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -1,6 +1,6 @@
 """Smoke tests of the benchmark and report tools on the model family, tiny settings:
-`tools/bench.py` (latency, throughput, --compare with the transformers reference,
-JSON export, plot) and `tools/eval_family.py` (report, JSON, model-card section)."""
+`tools/bench/bench.py` (latency, throughput, --compare with the transformers reference,
+JSON export, plot) and `tools/bench/eval_family.py` (report, JSON, model-card section)."""
 from __future__ import annotations
 
 import json
@@ -82,6 +82,6 @@ def test_eval_family_tiny(tmp_path, capsys):
         assert all(s["tau"] >= 1.0 for s in r["sets"].values())
     text = out_md.read_text()
     for part in ("## Models", "Held-out perplexity", "Mean acceptance length", "eagle_default_25", "mc_sim_7b_63",
-                 "python tools/eval_family.py --family"):
+                 "python tools/bench/eval_family.py --family"):
         assert part in text
     assert "Not measured yet" not in card.read_text() and "Held-out perplexity" in card.read_text()

@@ -1,4 +1,4 @@
-"""Smoke test of tools/bench_concurrency.py on the model family with tiny settings (the
+"""Smoke test of tools/bench/bench_concurrency.py on the model family with tiny settings (the
 in-process engine, its loop thread, client threads), and its argument checks."""
 from __future__ import annotations
 

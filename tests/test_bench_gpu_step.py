@@ -1,4 +1,4 @@
-"""Smoke test of `tools/bench_gpu_step.py` on the CPU with the tiny shape: the run
+"""Smoke test of `tools/bench/bench_gpu_step.py` on the CPU with the tiny shape: the run
 completes, its JSON report holds every number (positive) and the device's name, and
 bad arguments exit with argparse's usage and a message that names the problem, not a
 traceback. The 7B numbers

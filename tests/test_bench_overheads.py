@@ -1,4 +1,4 @@
-"""tools/bench_overheads.py on tiny sizes: it runs, the catch-up's one-position output
+"""tools/bench/bench_overheads.py on tiny sizes: it runs, the catch-up's one-position output
 equals the full forward's, and its off-state comparison drafts nothing (the tool stops
 otherwise)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "bench"))
 
 import bench_overheads  # noqa: E402
 

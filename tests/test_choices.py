@@ -9,7 +9,7 @@ import torch
 
 from specdec.errors import InputError
 from specdec.ops import build_tree_torch
-from specdec.spec.choices import BUILTIN_CHOICES, parse_choices, static_tree, validate_choices
+from specdec.drafters.choices import BUILTIN_CHOICES, parse_choices, static_tree, validate_choices
 
 SMALL = [[0], [0, 0], [1], [0, 1], [0, 0, 0]]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+for _tools in ("tools", "tools/bench", "tools/data"):
+    sys.path.insert(0, str(REPO / _tools))
 
 import dataset_converter  # noqa: E402
 import genai_perf_compare as gpc  # noqa: E402
@@ -215,7 +216,7 @@ def test_a_label_folder_holds_one_run_per_stimulus(tmp_path, capsys):
     text = md.read_text()
     assert "**request_rate0.4**" in text and "| metric | stat | plain | eagle2 | eagle2/plain |" in text
     assert "| request_count (count) | avg | 10.00 | 10.00 | 1.000x |" in text
-    assert "Command: `python tools/genai_perf_compare.py compare plain=" in text and "\nDate: " in text
+    assert "Command: `python tools/bench/genai_perf_compare.py compare plain=" in text and "\nDate: " in text
     shutil.rmtree(tmp_path / "eagle2" / "request_rate0.4")
     assert gpc.main(["compare", f"plain={tmp_path / 'plain'}", f"eagle2={tmp_path / 'eagle2'}"]) == 2
     assert "request_rate0.4: no run for eagle2" in capsys.readouterr().err

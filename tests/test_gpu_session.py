@@ -1,4 +1,4 @@
-"""tools/gpu_session.sh, the one command a session lent a GPU runs: its CPU smoke mode
+"""tools/bench/gpu_session.sh, the one command a session lent a GPU runs: its CPU smoke mode
 of the cheapest stage writes the files a device call brings back, and the question
 sets are read from $SPECDEC_DATA_DIR (a copy inside the repository on a GPU machine,
 where ../shared/data does not travel)."""
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_cpu_smoke_of_the_kernels_stage_collects_its_files(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, OMP_NUM_THREADS="1")
-    run = subprocess.run(["bash", "tools/gpu_session.sh", "--cpu-smoke", "kernels"], cwd=ROOT, env=env,
+    run = subprocess.run(["bash", "tools/bench/gpu_session.sh", "--cpu-smoke", "kernels"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(p.name for p in out.iterdir()) == ["gpu_kernels.txt", "gpu_session.log"]

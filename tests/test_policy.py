@@ -14,7 +14,7 @@ import pytest
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
 from specdec.policy import FIRST_BACKOFF, REPLAN_STEPS, SPECULATE_MARGIN, SpeculationPolicy
-from specdec.spec.base import TreeSettings
+from specdec.drafters.base import TreeSettings
 from specdec.step_cost import StepCost
 
 FULL = 16

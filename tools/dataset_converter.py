@@ -27,7 +27,7 @@ unless the whole file converts.
 
 Where the question sets live (`data_dir`, `question_set_path`): `$SPECDEC_DATA_DIR` when set, else
 `../shared/data` beside the repository (on a machine where that folder is absent, copy
-it into the repository and point the variable at the copy; see tools/gpu_session.sh).
+it into the repository and point the variable at the copy; see tools/bench/gpu_session.sh).
 
     python tools/dataset_converter.py --input_file question.jsonl --output_file converted.jsonl
 """

@@ -45,8 +45,8 @@ from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
 from .transfer import host_to_device, to_device
-from .spec.base import AcceptedBatch, DraftTree, TreeSettings
-from .spec.loader import load_drafters
+from .drafters.base import AcceptedBatch, DraftTree, TreeSettings
+from .drafters.loader import load_drafters
 from .stopping import cut_new_tokens
 
 Emit = Callable[[StepOutput], None]

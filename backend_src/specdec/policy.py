@@ -37,8 +37,8 @@ from .errors import validate_that
 from .kv_cache import AttentionBatch
 from .models.layers import causal_mask
 from .request import GenerationRequest, SamplingParams, SpecParams
-from .spec.base import TreeSettings
-from .spec.choices import static_tree
+from .drafters.base import TreeSettings
+from .drafters.choices import static_tree
 from .step_cost import MAX_GRID_TOKENS, StepCost
 
 MAX_DEPTH = 12

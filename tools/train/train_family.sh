@@ -18,4 +18,4 @@ $PY tools/train/train_lm.py --tokenizer .cache/train/tokenizer --base-out "$OUT/
 $PY tools/train/train_heads.py --base "$OUT/base" --out "$OUT" --steps 600 --batch-size 8 --seq-len 256 \
     --lr 3e-3 --ttt-steps 4 --seed 0
 # 4. the report (perplexity, acceptance) and the model card's results
-$PY tools/eval_family.py --family "$OUT" --model-card "$OUT/MODEL_CARD.md"
+$PY tools/bench/eval_family.py --family "$OUT" --model-card "$OUT/MODEL_CARD.md"

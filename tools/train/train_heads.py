@@ -236,7 +236,7 @@ def main() -> None:
 
     meta = dict(steps=args.steps, batch_size=B, seq_len=T, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps)
     # specdec_score_temperature (not an upstream key): the EAGLE-2/3 ranking temperature
-    # these heads want, measured with tools/eval_family.py (see config.py).
+    # these heads want, measured with tools/bench/eval_family.py (see config.py).
     eagle.save_pretrained(args.out / "eagle", head_config(base_cfg, architectures=["LlamaForCausalLM"], bias=True,
                                                           specdec_score_temperature=SCORE_TEMPERATURE))
     eagle3.save_pretrained(args.out / "eagle3", head_config(

@@ -3,15 +3,15 @@
 # For each label: build its model repository, start tritonserver, run
 # `genai_perf_compare.py profile` at --concurrency 1 and at one --request-rate (HumanEval
 # first turns, a fixed output length), stop the server. Then compare the labels.
-#   bash tools/genai_perf_run.sh OUT_DIR [more `profile` options]
+#   bash tools/bench/genai_perf_run.sh OUT_DIR [more `profile` options]
 # OUT_DIR gets the repositories, server logs and GenAI-Perf artifacts, plus
 # comparison.json and comparison.md. Knobs (environment): RATE (0.4 req/s), REQUESTS (40,
 # concurrency run), INTERVAL (30000 ms windows, request-rate run), OUTPUT_TOKENS (128),
 # QUESTIONS ($SPECDEC_DATA_DIR/eagle_humaneval_question.jsonl; SPECDEC_DATA_DIR defaults to
 # ../shared/data), OMP_NUM_THREADS (2, server).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:?usage: bash tools/genai_perf_run.sh OUT_DIR [profile options]}; shift
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: bash tools/bench/genai_perf_run.sh OUT_DIR [profile options]}; shift
 PY=.venv/bin/python
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 declare -A METHOD=([plain]="--method none" [eagle2]="--method eagle2 --set eagle_total_tokens:16,adaptive_speculation:false")
@@ -28,7 +28,7 @@ stop_server() {  # the launcher leads its own process group: server and model st
 trap stop_server EXIT
 
 mkdir -p "$OUT"
-$PY tools/genai_perf_compare.py install
+$PY tools/bench/genai_perf_compare.py install
 QUESTIONS=${QUESTIONS:-${SPECDEC_DATA_DIR:-../shared/data}/eagle_humaneval_question.jsonl}
 $PY tools/dataset_converter.py --input_file "$QUESTIONS" --output_file "$OUT/prompts.jsonl"
 for label in plain eagle2; do
@@ -41,7 +41,7 @@ for label in plain eagle2; do
         kill -0 "$SERVER" 2>/dev/null || { cat "$OUT/launch_$label.err" >&2; exit 1; }
         sleep 1
     done
-    $PY tools/genai_perf_compare.py profile --label "$label" --tokenizer checkpoints/base \
+    $PY tools/bench/genai_perf_compare.py profile --label "$label" --tokenizer checkpoints/base \
         --input-file "$OUT/prompts.jsonl" --output-tokens-mean "${OUTPUT_TOKENS:-128}" \
         --output-tokens-mean-deterministic \
         --concurrency 1 --request-count "${REQUESTS:-40}" --warmup-request-count 2 \
@@ -49,5 +49,5 @@ for label in plain eagle2; do
         --out-dir "$OUT" --json-out "$OUT/$label.json" "$@"
     stop_server
 done
-$PY tools/genai_perf_compare.py compare plain="$OUT/plain" eagle2="$OUT/eagle2" \
+$PY tools/bench/genai_perf_compare.py compare plain="$OUT/plain" eagle2="$OUT/eagle2" \
     --json-out "$OUT/comparison.json" --markdown "$OUT/comparison.md"

@@ -174,7 +174,7 @@ class EagleDrafter:
         # Only a row's last pair drafts (depth 1); the others only fill the head's KV
         # cache, so the head's last layer runs its attention output and MLP at one
         # position per row (a 300-pair catch-up: 1.38 ms instead of 4.49 on the CPU,
-        # tools/bench_overheads.py).
+        # tools/bench/bench_overheads.py).
         return self.head(tokens, x, positions, batch.mask, self.cache, batch, queries=meta[2])[:, 0]
 
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:

@@ -2,20 +2,20 @@
 # Every GPU check and benchmark of this repository, for a session lent a GPU machine for
 # a short time (30 minutes in all, 10 per command; docs/benchmarks.md section 3.2).
 #
-#   bash tools/gpu_session.sh [--cpu-smoke] [--limit SECONDS] STAGE...
-#   bash tools/gpu_session.sh --prepare-data
+#   bash tools/bench/gpu_session.sh [--cpu-smoke] [--limit SECONDS] STAGE...
+#   bash tools/bench/gpu_session.sh --prepare-data
 #
 # Stages (`all`: tests kernels step family, in this order):
 #   tests               pytest on the GPU test files that import no Triton client
 #                       (test_kernels_gpu, test_graphs, test_host_syncs); on a GPU a skipped
 #                       test fails the stage. Also checks that collecting them imports none.
-#   kernels             tools/bench_kernels.py: each CUDA kernel against its torch twin
+#   kernels             tools/bench/bench_kernels.py: each CUDA kernel against its torch twin
 #                       (it prints a table and writes no file: the table is kept as text).
-#   step                tools/bench_gpu_step.py, the Llama-2-7B shape of section 3.1.
+#   step                tools/bench/bench_gpu_step.py, the Llama-2-7B shape of section 3.1.
 #   family              family-latency, then family-concurrency:
-#   family-latency      tools/bench.py latency, HumanEval, every method and the transformers
+#   family-latency      tools/bench/bench.py latency, HumanEval, every method and the transformers
 #                       references, float16 (the section 1.1 command with --device cuda).
-#   family-concurrency  tools/bench_concurrency.py at concurrency 1-32, one repeat, float16.
+#   family-concurrency  tools/bench/bench_concurrency.py at concurrency 1-32, one repeat, float16.
 #   family-graphs       the same engines with --cuda-graphs (cuda_graph_mode): latency of
 #                       plain, EAGLE-2/3 and the draft model, concurrency 1, 4, 16.
 #
@@ -35,16 +35,16 @@
 #
 # On a GPU machine (plain `python3`, or $PYTHON; this checkout's .venv where it exists),
 # from the session's own machine, where ../shared/data exists:
-#   1. bash tools/gpu_session.sh --prepare-data
+#   1. bash tools/bench/gpu_session.sh --prepare-data
 #        copies ../shared/data/eagle_*_question.jsonl (which does not travel with the
 #        working tree) into .gpu_data/ and adds /.gpu_data/ to .git/info/exclude; by hand:
 #        mkdir -p .gpu_data .git/info && cp -f ../shared/data/eagle_*_question.jsonl .gpu_data/
 #        && echo /.gpu_data/ >> .git/info/exclude
 #   2. the device tool, carry [".gpu_data"], one call each (COMMIT: git rev-parse --short HEAD;
 #      the device's copy of the tree has no git metadata):
-#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/gpu_session.sh tests kernels step
-#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/gpu_session.sh family
-#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/gpu_session.sh family-graphs
+#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh tests kernels step
+#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh family
+#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh family-graphs
 #      If a call is cut short, the log says where; rerun the stages that did not finish
 #      (family-latency and family-concurrency separately). Pass --limit when the device
 #      tool has less than 600 s left for the call.
@@ -61,7 +61,7 @@
 # default ../shared/data, relative paths from the repository root), SPECDEC_COMMIT.
 # Exit status: 0 when every stage passed (or, on the CPU, was skipped for want of a GPU).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 STAGES_ALL=(tests kernels step family-latency family-concurrency family-graphs)
 MAX_FILES=8  # what one device call brings back from $OUT
@@ -90,7 +90,7 @@ prepare_data() {  # the question sets into .gpu_data/, which git (and so the dev
     commit=$(git rev-parse --short HEAD)
     git diff --quiet HEAD -- || commit+="+dirty"
     echo "device call: carry [\".gpu_data\"], command:"
-    echo "  SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=$commit bash tools/gpu_session.sh STAGE..."
+    echo "  SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=$commit bash tools/bench/gpu_session.sh STAGE..."
 }
 
 while (($#)); do
@@ -168,7 +168,7 @@ collect() {  # collect NAME...: copies DEST/NAME to $OUT, where the tool wrote i
 need_data() {
     [[ -f $HUMANEVAL ]] && return 0
     echo "!! no $HUMANEVAL: ../shared/data does not travel to a device machine. Before the" \
-        "device call, run 'bash tools/gpu_session.sh --prepare-data' where it exists, carry" \
+        "device call, run 'bash tools/bench/gpu_session.sh --prepare-data' where it exists, carry" \
         ".gpu_data and set SPECDEC_DATA_DIR=.gpu_data"
     return 1
 }
@@ -253,8 +253,8 @@ EOF
 }
 
 stage_kernels() {
-    local default=("$PYTHON" tools/bench_kernels.py)
-    local llama3=("$PYTHON" tools/bench_kernels.py --batch 8 --nodes 128 --vocab 128256 --no-cpu)
+    local default=("$PYTHON" tools/bench/bench_kernels.py)
+    local llama3=("$PYTHON" tools/bench/bench_kernels.py --batch 8 --nodes 128 --vocab 128256 --no-cpu)
     local check=(run) rc=0
     if ((SMOKE)); then check=(refuses "no CUDA GPU visible to torch"); fi
     "${check[@]}" "${default[@]}" 2>&1 | tee "$OUT/gpu_kernels.txt" || rc=$?
@@ -263,12 +263,12 @@ stage_kernels() {
 }
 
 stage_step() {
-    local gpu=("$PYTHON" tools/bench_gpu_step.py --shape llama2-7b --device cuda --dtype bfloat16 --iters 50
+    local gpu=("$PYTHON" tools/bench/bench_gpu_step.py --shape llama2-7b --device cuda --dtype bfloat16 --iters 50
         --report-json "$DEST/gpu_step_7b.json")
     local rc=0
     if ((SMOKE)); then
         refuses "sees no CUDA GPU" "${gpu[@]}"
-        run "$PYTHON" tools/bench_gpu_step.py --shape tiny --device cpu --dtype float32 --iters 2 --warmup 1 \
+        run "$PYTHON" tools/bench/bench_gpu_step.py --shape tiny --device cpu --dtype float32 --iters 2 --warmup 1 \
             --copy-mib 16 --report-json "$DEST/gpu_step_7b.json" 2>&1 | tee "$OUT/gpu_step_7b.txt" || rc=$?
     else
         run "${gpu[@]}" 2>&1 | tee "$OUT/gpu_step_7b.txt" || rc=$?
@@ -285,7 +285,7 @@ stage_family_latency() {
         size=(--num-requests 2 --output-tokens 8 --warmup 1) device=(--device cpu --dtype float32 --hf-dtype float32)
     fi
     local rc=0
-    run "$PYTHON" tools/bench.py --family checkpoints latency --question-set "$HUMANEVAL" "${size[@]}" \
+    run "$PYTHON" tools/bench/bench.py --family checkpoints latency --question-set "$HUMANEVAL" "${size[@]}" \
         --no-progress --adaptive off --eagle-total-tokens 0 \
         --compare none,eagle2,eagle3,eagle,medusa,draft_model,hf,hf-assisted,hf-prompt-lookup "${device[@]}" \
         --report-json "$DEST/gpu_humaneval.json" --markdown "$DEST/gpu_humaneval.md" \
@@ -302,7 +302,7 @@ stage_family_concurrency() {
         device=(--device cpu --dtype float32)
     fi
     local rc=0
-    run "$PYTHON" tools/bench_concurrency.py --family checkpoints --question-set "$HUMANEVAL" "${size[@]}" \
+    run "$PYTHON" tools/bench/bench_concurrency.py --family checkpoints --question-set "$HUMANEVAL" "${size[@]}" \
         --eagle-total-tokens 16 "${device[@]}" --report-json "$DEST/gpu_concurrency.json" \
         --plot "$DEST/gpu_concurrency.png" || rc=$?
     collect gpu_concurrency.json gpu_concurrency.png gpu_concurrency_latency.png || rc=1
@@ -318,11 +318,11 @@ stage_family_graphs() {  # what cuda_graph_mode buys end to end: family-latency'
         conc=(--concurrency "1,2" --num-requests 2 --output-tokens 8 --max-prompt-tokens 64 --warmup 1 --repeats 1)
     fi
     local rc=0
-    run "$PYTHON" tools/bench.py --family checkpoints latency --question-set "$HUMANEVAL" "${size[@]}" \
+    run "$PYTHON" tools/bench/bench.py --family checkpoints latency --question-set "$HUMANEVAL" "${size[@]}" \
         --no-progress --adaptive off --eagle-total-tokens 0 --compare none,eagle2,eagle3,draft_model \
         "${device[@]}" --cuda-graphs --report-json "$DEST/gpu_humaneval_graphs.json" \
         --markdown "$DEST/gpu_humaneval_graphs.md" || rc=$?
-    run "$PYTHON" tools/bench_concurrency.py --family checkpoints --question-set "$HUMANEVAL" "${conc[@]}" \
+    run "$PYTHON" tools/bench/bench_concurrency.py --family checkpoints --question-set "$HUMANEVAL" "${conc[@]}" \
         --eagle-total-tokens 16 "${device[@]}" --cuda-graphs --report-json "$DEST/gpu_concurrency_graphs.json" \
         --plot "$DEST/gpu_concurrency_graphs.png" || rc=$?
     collect gpu_humaneval_graphs.json gpu_humaneval_graphs.md gpu_concurrency_graphs.json \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Small costs of the engine that a throughput run cannot resolve, measured in place.
 
-    OMP_NUM_THREADS=2 python tools/bench_overheads.py --report-json docs/bench/overheads.json
+    OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --report-json docs/bench/overheads.json
 
 Two measurements on the shipped family (float32), each side by side in one process:
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
@@ -13,7 +13,7 @@ Two measurements on the shipped family (float32), each side by side in one proce
   EAGLE features' commit. What adaptive speculation costs when it speculates nothing
   (the run stops if a tree is drafted in a timed step).
 
-Not owned here: throughput under load (tools/bench_concurrency.py).
+Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
@@ -40,7 +40,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.layers import causal_mask  # noqa: E402
 from specdec.request import GenerationRequest, SpecParams  # noqa: E402
-from specdec.spec import eagle as eagle_module  # noqa: E402
+from specdec.drafters import eagle as eagle_module  # noqa: E402
 
 
 def _engine(family: Path, batch: int) -> Engine:
@@ -140,7 +140,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     prompts = [tokenizer(t).input_ids[:200] for t in texts]
     prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
     engine = _engine(args.family, args.batch)
-    report = dict(tool="tools/bench_overheads.py", command=" ".join(["python", "tools/bench_overheads.py",
+    report = dict(tool="tools/bench/bench_overheads.py", command=" ".join(["python", "tools/bench/bench_overheads.py",
                                                                       *(argv or sys.argv[1:])]),
                   machine=machine_info("cpu"), catch_up=catch_up(engine, args.pairs, args.iters),
                   off_state=off_state(engine, prompts, args.steps, args.repeats))

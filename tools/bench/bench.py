@@ -13,7 +13,7 @@ Modes (as trtllm-bench's subcommands):
 - `latency`: one request at a time (batch 1).
 
 Requests come from a trtllm-bench dataset (`--dataset`, written by
-`tools/prepare_dataset.py`; `input_ids` or `prompt`, and `output_tokens`) or an EAGLE
+`tools/data/prepare_dataset.py`; `input_ids` or `prompt`, and `output_tokens`) or an EAGLE
 question set (`--question-set`, first turn of each question, `--output-tokens`).
 Every request generates exactly its `output_tokens` (end-of-sequence ignored, as
 trtllm-bench does) unless `--stop-at-eos`. By default adaptive speculation is off (the
@@ -40,8 +40,8 @@ token throughput = output tokens / wall time of the run; τ = tokens emitted per
 target forward (`AcceptanceStats`; prefill not counted); acceptance rate = accepted
 draft tokens / draft tokens sent to verification.
 
-    python tools/bench.py --family checkpoints throughput --dataset ds.jsonl --method eagle2
-    python tools/bench.py latency --question-set ../shared/data/eagle_humaneval_question.jsonl \\
+    python tools/bench/bench.py --family checkpoints throughput --dataset ds.jsonl --method eagle2
+    python tools/bench/bench.py latency --question-set ../shared/data/eagle_humaneval_question.jsonl \\
         --num-requests 20 --output-tokens 128 --compare none,eagle2,eagle3,medusa,draft_model,eagle,hf \\
         --report-json bench.json --plot bench.png
 """
@@ -62,9 +62,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -667,7 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
                             ("latency", "one request at a time")):
         p = sub.add_parser(mode, help=help_text)
         src = p.add_argument_group("requests")
-        src.add_argument("--dataset", type=Path, help="trtllm-bench dataset (tools/prepare_dataset.py)")
+        src.add_argument("--dataset", type=Path, help="trtllm-bench dataset (tools/data/prepare_dataset.py)")
         src.add_argument("--question-set", type=Path, help="EAGLE question.jsonl (first turn of each)")
         src.add_argument("--output-tokens", type=int, default=128, help="with --question-set: max_tokens")
         src.add_argument("--num-requests", type=int, default=0, help="first N requests (0: all)")
@@ -765,7 +767,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
 
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report = dict(
-        tool="tools/bench.py", command=" ".join(["python tools/bench.py"] + argv), config=config,
+        tool="tools/bench/bench.py", command=" ".join(["python tools/bench/bench.py"] + argv), config=config,
         machine=machine, requests_source=str(args.dataset or args.question_set),
         runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s,
                    step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},

@@ -23,9 +23,9 @@ Subcommands, as in TensorRT-LLM's `benchmarks/cpp/prepare_dataset.py`:
                      tokenizer's vocabulary minus its special tokens (so no
                      prompt contains EOS); everything from one --seed
 
-    python tools/prepare_dataset.py --tokenizer checkpoints/base --output ds.jsonl \\
+    python tools/data/prepare_dataset.py --tokenizer checkpoints/base --output ds.jsonl \\
         dataset --input-file question.jsonl --output-tokens 128
-    python tools/prepare_dataset.py --tokenizer checkpoints/base \\
+    python tools/data/prepare_dataset.py --tokenizer checkpoints/base \\
         token-norm-dist --num-requests 100 --input-mean 128 --input-stdev 16 \\
         --output-mean 128 --output-stdev 0 --seed 0
 
@@ -43,7 +43,7 @@ from typing import Iterable, TextIO
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataset_converter import EXIT_BAD_INPUT, DatasetError, first_turns, read_question_set  # noqa: E402
 
 

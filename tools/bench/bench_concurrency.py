@@ -2,9 +2,9 @@
 """Throughput and latency against client concurrency: plain decoding vs EAGLE-2 with
 adaptive speculation on and off, measured side by side in one run.
 
-    python tools/bench_concurrency.py --family checkpoints --report-json conc.json --plot conc.png
-    python tools/bench_concurrency.py --concurrency 1,4 --num-requests 8 --output-tokens 16   # a quick look
-    python tools/bench_concurrency.py --url localhost:8001 --eagle-total-tokens 16             # a running server
+    python tools/bench/bench_concurrency.py --family checkpoints --report-json conc.json --plot conc.png
+    python tools/bench/bench_concurrency.py --concurrency 1,4 --num-requests 8 --output-tokens 16   # a quick look
+    python tools/bench/bench_concurrency.py --url localhost:8001 --eagle-total-tokens 16             # a running server
 
 Owns closed-loop load generation: at concurrency C, C client threads take requests
 from one shared list and submit them back to back (each waits for its request's last
@@ -32,7 +32,7 @@ level (first submit → last token); request latency = submit → last token (av
 p90); TTFT = submit → first token; τ = emitted tokens / verify steps and acceptance
 rate = accepted / drafted, summed over the level's requests. Prints a table, writes
 `--report-json` and PNGs (`--plot`: throughput; `<plot>_latency.png`: p50 latency).
-Not owned here: datasets (tools/dataset_converter.py), drawing (tools/plots.py).
+Not owned here: datasets (tools/dataset_converter.py), drawing (tools/bench/plots.py).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 

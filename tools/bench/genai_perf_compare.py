@@ -7,18 +7,18 @@ It starts no server: each label points at one that is already running.
 
     # once: venv + genai-perf==0.0.16 + tritonclient[all]==2.51.0 (perf_analyzer)
     #       + nvidia-cuda-runtime-cu12 + Debian's libb64-0d
-    python tools/genai_perf_compare.py install
+    python tools/bench/genai_perf_compare.py install
 
     # plain and EAGLE-2 servers side by side (or one port, --pause between labels,
-    # or one label per call: tools/genai_perf_run.sh starts each server in turn)
-    python tools/genai_perf_compare.py profile --tokenizer checkpoints/base \\
+    # or one label per call: tools/bench/genai_perf_run.sh starts each server in turn)
+    python tools/bench/genai_perf_compare.py profile --tokenizer checkpoints/base \\
         --label plain=localhost:8001 --label eagle2=localhost:9001 \\
         --input-file converted.jsonl --concurrency 1 --request-rate 2 \\
         --request-count 40 --warmup-request-count 2 --out-dir artifacts/compare
 
     # re-read finished runs: LABEL=PATH, PATH an export file, one run's folder, or a
     # label's folder of `profile` (every stimulus in it is compared)
-    python tools/genai_perf_compare.py compare \\
+    python tools/bench/genai_perf_compare.py compare \\
         plain=artifacts/compare/plain eagle2=artifacts/compare/eagle2 --markdown cmp.md
 
 Measurement, as perf_analyzer 2.51 (tritonclient 2.51.0) allows it:
@@ -58,7 +58,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".cache" / "genai-perf-venv"
 PINNED = ["genai-perf==0.0.16", "tritonclient[all]==2.51.0", "nvidia-cuda-runtime-cu12==12.9.79"]
 EXPORT_STEM = "profile_export_genai_perf"
@@ -366,7 +366,7 @@ def measurement_args(args: argparse.Namespace, stimulus: tuple[str, str]) -> lis
 def profile(args: argparse.Namespace) -> dict[str, dict]:
     venv = Path(args.venv)
     if not (venv / "bin" / "genai-perf").exists():
-        raise CompareError(f"no GenAI-Perf in {venv}: run `python tools/genai_perf_compare.py install`")
+        raise CompareError(f"no GenAI-Perf in {venv}: run `python tools/bench/genai_perf_compare.py install`")
     if not Path(args.tokenizer).is_dir():
         raise CompareError(f"--tokenizer {args.tokenizer}: not a directory (GenAI-Perf cannot download one)")
     labels = [parse_label(s, args.url) for s in args.label]
@@ -403,7 +403,7 @@ def profile(args: argparse.Namespace) -> dict[str, dict]:
 
 
 def provenance(argv: list[str], venv: Path) -> str:
-    """Command, client machine and date lines for a Markdown table (as tools/bench.py writes)."""
+    """Command, client machine and date lines for a Markdown table (as tools/bench/bench.py writes)."""
     genai_perf = venv / "bin" / "genai-perf"
     version = subprocess.run([str(genai_perf), "--version"], capture_output=True, text=True,
                              check=False).stdout.strip() if genai_perf.exists() else "genai-perf (not found)"
@@ -415,7 +415,7 @@ def provenance(argv: list[str], venv: Path) -> str:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return (f"Command: `python tools/genai_perf_compare.py {shlex.join(argv)}`  \n"
+    return (f"Command: `python tools/bench/genai_perf_compare.py {shlex.join(argv)}`  \n"
             f"Client: {version} on {cpu} ({cores} usable cores)  \nDate: {date}")
 
 

@@ -33,9 +33,9 @@ over `--iters` calls after `--warmup`; on a GPU synchronised before and after ea
 Targets: plain step <= 1.3 × the bandwidth bound; EAGLE-2 step (60 tokens) <= 1.6 ×
 plain step.
 
-    python tools/bench_gpu_step.py --shape llama2-7b --device cuda --dtype bfloat16 \\
+    python tools/bench/bench_gpu_step.py --shape llama2-7b --device cuda --dtype bfloat16 \\
         --iters 50 --report-json docs/bench/gpu_step_7b.json
-    OMP_NUM_THREADS=1 python tools/bench_gpu_step.py --shape tiny --device cpu --dtype float32 --iters 2
+    OMP_NUM_THREADS=1 python tools/bench/bench_gpu_step.py --shape tiny --device cpu --dtype float32 --iters 2
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from typing import Callable, Optional
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
@@ -60,8 +60,8 @@ from specdec.graphs import DecodeGraphs, width_bucket  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.random_init import random_eagle_head, random_llama  # noqa: E402
 from specdec.ops import build_tree, verify_greedy  # noqa: E402
-from specdec.spec.base import TreeSettings  # noqa: E402
-from specdec.spec.eagle import EagleDrafter, EagleState  # noqa: E402
+from specdec.drafters.base import TreeSettings  # noqa: E402
+from specdec.drafters.eagle import EagleDrafter, EagleState  # noqa: E402
 
 SHAPES = {
     "llama2-7b": dict(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
@@ -134,7 +134,7 @@ def kv_read_bytes(config: dict, keys: int, dtype: torch.dtype) -> int:
 
 
 def family_tau(report_path: Path, total_tokens: int) -> Optional[dict]:
-    """EAGLE-2's τ in `tools/eval_family.py`'s JSON report at the total_tokens closest to
+    """EAGLE-2's τ in `tools/bench/eval_family.py`'s JSON report at the total_tokens closest to
     `total_tokens` (ties: the smaller), pooled over the question sets (emitted tokens /
     target forwards); None when the report or an EAGLE-2 row is missing."""
     try:
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, taus: dict) -> dict:
                                               met=None if at_limit_g is None else at_limit_g <= EAGLE_LIMIT))
     machine = machine_info(str(device))
     report = dict(
-        tool="tools/bench_gpu_step.py", command=" ".join(["python", "tools/bench_gpu_step.py", *args.argv]),
+        tool="tools/bench/bench_gpu_step.py", command=" ".join(["python", "tools/bench/bench_gpu_step.py", *args.argv]),
         date=machine["date"], device=machine["gpu"] or machine["cpu"], device_type=device.type,
         torch=machine["torch"], python=machine["python"], git_commit=machine["git_commit"],
         torch_threads=machine["torch_threads"],
@@ -374,7 +374,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict]:
     p.add_argument("--tau", type=float, default=None,
                    help="τ for the implied speedup (default: EAGLE-2's τ in --family-report)")
     p.add_argument("--family-report", type=Path, default=DEFAULT_REPORT,
-                   help="tools/eval_family.py JSON to read τ from (default docs/model_family_report.json)")
+                   help="tools/bench/eval_family.py JSON to read τ from (default docs/model_family_report.json)")
     p.add_argument("--copy-mib", type=int, default=None,
                    help="copy size for the bandwidth (default 1024 on cuda, 64 on cpu)")
     p.add_argument("--seed", type=int, default=0)

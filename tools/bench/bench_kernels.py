@@ -3,8 +3,8 @@
 events; the CPU twin with a wall clock) on realistic shapes, printed as a table headed
 by the device name. Needs a CUDA GPU and CuPy; exits with a message otherwise.
 
-    python tools/bench_kernels.py                      # B = 1, 16, 64; N = 64; V = 32000
-    python tools/bench_kernels.py --batch 8 --nodes 128 --vocab 128256 --no-cpu
+    python tools/bench/bench_kernels.py                      # B = 1, 16, 64; N = 64; V = 32000
+    python tools/bench/bench_kernels.py --batch 8 --nodes 128 --vocab 128256 --no-cpu
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend_src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backend_src"))
 
 from specdec.ops import (build_tree_cuda, build_tree_torch, kv_compact_cuda,  # noqa: E402
                          kv_compact_torch, verify_greedy_cuda, verify_greedy_torch,
