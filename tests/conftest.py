@@ -30,9 +30,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import build_model_repo  # noqa: E402
+import family  # noqa: E402
 import triton_env  # noqa: E402
 
-TOKENIZER_DIR = ROOT / "checkpoints" / "base"
+TOKENIZER_DIR = family.BASE_DIR  # SmolLM2's tokenizer (tools/setup_model.py)
 E2E_BASE_ENV = os.environ.get("SPECDEC_E2E_BASE")
 E2E_LIMITS = {"max_tokens_limit": "64", "max_seq_len": "128", "triton_max_batch_size": "8"}
 
@@ -50,7 +51,7 @@ def tiny_base_checkpoint(directory: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     torch.manual_seed(0)

@@ -7,10 +7,11 @@
 
 Copies `model_repository/{preprocessing,postprocessing,speculative_decoding,ensemble}`
 into `--out` and fills each template through `fill_template.fill_file`, so a bad key or
-a missing required value fails here, not at server start. Defaults are the family
-under `checkpoints/`; drafter directories that do not exist are left unset, and a
-`--method` that needs a missing one is an error. `--method auto` picks eagle2 when
-`checkpoints/eagle` exists, else plain decoding.
+a missing required value fails here, not at server start. Defaults are the default
+family that `tools/setup_model.py` assembles in `.cache/smollm2/` (`family.py`):
+SmolLM2-135M-Instruct and its drafters. Drafter directories that do not exist are left
+unset, and a `--method` that needs a missing one is an error. `--method auto` picks
+eagle2 when the family has an EAGLE head, else plain decoding.
 """
 from __future__ import annotations
 
@@ -21,16 +22,13 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from family import BASE_DIR, DRAFTER_DIRS  # noqa: E402
 from fill_template import TemplateError, fill_file, parse_substitutions, placeholders  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
 MODELS = ("preprocessing", "speculative_decoding", "postprocessing", "ensemble")
-CHECKPOINTS = REPO_ROOT / "checkpoints"
-DRAFTERS = {  # option / engine parameter → default checkpoint
-    "eagle_dir": CHECKPOINTS / "eagle", "eagle3_dir": CHECKPOINTS / "eagle3",
-    "medusa_dir": CHECKPOINTS / "medusa", "draft_model_dir": CHECKPOINTS / "draft",
-}
+DRAFTERS = DRAFTER_DIRS  # option / engine parameter → default checkpoint
 NEEDS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir",
          "medusa": "medusa_dir", "draft_model": "draft_model_dir"}
 
@@ -89,7 +87,7 @@ def build(out: Path, values: dict[str, str], models=MODELS, templates: Path = TE
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder to write the repository into")
-    p.add_argument("--base", type=Path, default=CHECKPOINTS / "base", help="base model checkpoint")
+    p.add_argument("--base", type=Path, default=BASE_DIR, help="base model checkpoint")
     p.add_argument("--tokenizer-dir", type=Path, default=None, help="default: --base")
     p.add_argument("--method", default="auto",
                    help="none|medusa|eagle|eagle2|eagle3|draft_model|auto (default auto)")
