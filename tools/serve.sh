@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a running server: installs the pinned
 # environment, fills the templates for the shipped model family (EAGLE-2 by default)
-# into .cache/model_repo, and starts tritonserver on HTTP 8000, gRPC 8001, metrics 8002.
+# into .cache/model_repo, and starts tritonserver on HTTP 8000, gRPC 8001, metrics 8002,
+# with the OpenAI-compatible front door on 9000 (set SPECDEC_API_KEY to require a key).
 #   bash tools/serve.sh [build_model_repo.py options, e.g. --method medusa]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,4 +11,4 @@ REPO=.cache/model_repo
 rm -rf "$REPO"
 .venv/bin/python tools/build_model_repo.py --out "$REPO" "$@"
 exec .venv/bin/python tools/launch_triton_server.py --world_size=1 --model_repo="$REPO" \
-    --http_port 8000 --grpc_port 8001 --metrics_port 8002
+    --http_port 8000 --grpc_port 8001 --metrics_port 8002 --openai_port 9000

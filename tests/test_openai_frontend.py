@@ -1,0 +1,281 @@
+"""The OpenAI front door end to end: `tools/launch_triton_server.py --openai_port` serves a
+real tritonserver and the front door, and the official `openai` package talks to it.
+
+One server for the module, with ONE engine slot (`max_batch_size: 1`), so that a
+generation whose slot was not freed holds up the next request. Every model the front
+door serves is tested: `speculative_decoding` (token ids: the front door tokenizes
+and detokenizes), `ensemble` (text), and `tensorrt_llm_bls` (text, cancellable) where
+the repository has it. The served model is a tiny random one: its text is gibberish,
+which is all a protocol test needs.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+import build_model_repo
+import triton_env
+from conftest import E2E_LIMITS, ROOT, TOKENIZER_DIR, e2e_skip_reason
+
+openai = pytest.importorskip("openai")
+
+LONG = 3000  # max_tokens of a generation that must not run to its end
+TEXT_MODELS = ("tensorrt_llm_bls", "ensemble")
+CANCELLABLE = ("tensorrt_llm_bls", "speculative_decoding")  # an ensemble step is not (DESIGN.md)
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three rivers."}]
+PROMPT = "The three longest rivers are"
+
+
+class Served:
+    def __init__(self, openai_port: int, metrics_port: int, models: list[str]):
+        self.url = f"http://localhost:{openai_port}/v1"
+        self.metrics_url = f"http://localhost:{metrics_port}/metrics"
+        self.models = models
+
+    def client(self, **options):
+        return openai.OpenAI(base_url=self.url, api_key="unused", max_retries=0, timeout=120, **options)
+
+    def emitted(self) -> float:
+        """Tokens the engine emitted so far (all methods)."""
+        text = requests.get(self.metrics_url, timeout=10).text
+        return sum(float(v) for v in re.findall(r"^specdec_emitted_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def _wait_http(url: str, process: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the launcher exited with {process.returncode}: {log.read_text()[-3000:]}")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not up after {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, e2e_base):
+    reason = e2e_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("openai")
+    limits = {**E2E_LIMITS, "max_batch_size": "1", "max_tokens_limit": str(LONG), "max_seq_len": str(LONG + 256)}
+    repo = build_model_repo.build(tmp / "repo", build_model_repo.repo_values(
+        e2e_base, method="none", tokenizer_dir=TOKENIZER_DIR, extra=limits))
+    ports = {name: triton_env.free_port() for name in ("http", "grpc", "metrics", "openai")}
+    log = tmp / "launch.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tools" / "launch_triton_server.py"), "--world_size=1",
+             f"--model_repo={repo}", "--http_port", str(ports["http"]), "--grpc_port", str(ports["grpc"]),
+             "--metrics_port", str(ports["metrics"]), "--exit_timeout_secs", "3",
+             "--log-file", str(tmp / "server.log"), "--openai_port", str(ports["openai"])],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_http(f"http://localhost:{ports['openai']}/health", process, 300, log)
+        models = [m["id"] for m in requests.get(f"http://localhost:{ports['openai']}/v1/models", timeout=10)
+                  .json()["data"]]
+        yield Served(ports["openai"], ports["metrics"], models)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    with pytest.raises(requests.ConnectionError):  # the front door stopped with the server
+        requests.get(f"http://localhost:{ports['openai']}/health", timeout=2)
+
+
+def _model(served: Served, name: str) -> str:
+    if name not in served.models:
+        pytest.skip(f"{name} is not in this repository (served: {', '.join(served.models)})")
+    return name
+
+
+ALL_MODELS = ("tensorrt_llm_bls", "speculative_decoding", "ensemble")
+
+
+def test_models_are_listed_preferred_first(served):
+    ids = [m.id for m in served.client().models.list()]
+    assert {"speculative_decoding", "ensemble"} <= set(ids)
+    assert ids[0] == ("tensorrt_llm_bls" if "tensorrt_llm_bls" in ids else "speculative_decoding")
+    assert served.client().models.retrieve("ensemble").id == "ensemble"
+
+
+def _chat(client, model, stream, **kw):
+    """(text, finish_reason, usage) of one chat request, streamed or not."""
+    if not stream:
+        r = client.chat.completions.create(model=model, messages=MESSAGES, **kw)
+        return r.choices[0].message.content, r.choices[0].finish_reason, r.usage
+    pieces, finish, usage = [], None, None
+    for chunk in client.chat.completions.create(model=model, messages=MESSAGES, stream=True,
+                                                stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(pieces), finish, usage
+
+
+def _complete(client, model, stream, **kw):
+    if not stream:
+        r = client.completions.create(model=model, prompt=PROMPT, **kw)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage
+    pieces, finish, usage = [], None, None
+    for chunk in client.completions.create(model=model, prompt=PROMPT, stream=True,
+                                           stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.text)
+            finish = choice.finish_reason or finish
+    return "".join(pieces), finish, usage
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("call", [_chat, _complete], ids=["chat", "completions"])
+def test_streamed_text_equals_non_streamed_at_temperature_0(served, name, call):
+    model, client = _model(served, name), served.client()
+    whole = call(client, model, False, max_tokens=24, temperature=0)
+    streamed = call(client, model, True, max_tokens=24, temperature=0)
+    assert whole[0] and streamed == whole
+    text, finish, usage = whole
+    assert finish in ("stop", "length") and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+@pytest.mark.parametrize("call", [_chat, _complete], ids=["chat", "completions"])
+def test_usage_is_exact_on_the_token_model(served, call, tokenizer):
+    client = served.client()
+    text, finish, usage = call(client, "speculative_decoding", False, max_tokens=20, temperature=0,
+                               extra_body={"min_tokens": 20})
+    if call is _chat:
+        prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    else:
+        prompt_ids = tokenizer.encode(PROMPT)
+    assert (usage.prompt_tokens, usage.completion_tokens, finish) == (len(prompt_ids), 20, "length")
+    # The same tokens reach the text model (its preprocessing encodes the same prompt).
+    assert call(client, "ensemble", False, max_tokens=20, temperature=0, extra_body={"min_tokens": 20})[0] == text
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_stop_strings_end_the_text_before_them(served, name, stream):
+    model, client = _model(served, name), served.client()
+    text = _complete(client, model, False, max_tokens=40, temperature=0, extra_body={"min_tokens": 40})[0]
+    words = text.split()
+    assert len(words) >= 6, text
+    stop = words[len(words) // 2]
+    cut = text[:text.index(stop)]
+    # min_tokens keeps the greedy path of the text above (no end token; the engine's own
+    # stop-word check waits for it too, so the front door's text check cuts here).
+    got, finish, usage = _complete(client, model, stream, max_tokens=40, temperature=0,
+                                   stop=["never-in-this-text", stop], extra_body={"min_tokens": 40})
+    assert (got, finish) == (cut, "stop")
+    if stream and model == "speculative_decoding":  # the rest was cancelled, not generated and dropped
+        assert usage.completion_tokens < 40
+    got, finish, _ = _chat(client, model, stream, max_tokens=8, temperature=0, stop="\u2603")  # never produced
+    assert finish in ("stop", "length") and "\u2603" not in got
+
+
+def test_log_probs_come_with_their_tokens(served):
+    client = served.client()
+    r = client.chat.completions.create(model="speculative_decoding", messages=MESSAGES, max_tokens=12,
+                                       temperature=0, logprobs=True, extra_body={"min_tokens": 12})
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 12
+    assert all(e.logprob <= 0 for e in content)
+    r = client.completions.create(model="speculative_decoding", prompt=PROMPT, max_tokens=6, temperature=0,
+                                  logprobs=0, extra_body={"min_tokens": 6})
+    assert len(r.choices[0].logprobs.token_logprobs) == 6
+    with pytest.raises(openai.BadRequestError) as e:  # the text model returns no tokens
+        client.completions.create(model="ensemble", prompt=PROMPT, max_tokens=6, logprobs=0)
+    assert e.value.param == "logprobs"
+
+
+def test_seeded_sampling_repeats(served):
+    client = served.client()
+    runs = [_chat(client, "speculative_decoding", stream, max_tokens=16, temperature=1.0, seed=11)[0]
+            for stream in (False, True)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", CANCELLABLE)
+def test_a_client_that_drops_its_stream_frees_the_engine_slot(served, name):
+    model, client = _model(served, name), served.client()
+    before = served.emitted()
+    stream = client.chat.completions.create(model=model, messages=MESSAGES, stream=True, max_tokens=LONG,
+                                            temperature=0, extra_body={"min_tokens": LONG})
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    stream.close()
+    # The engine has one slot: this request runs only once the dropped one is gone.
+    t0 = time.monotonic()
+    text, _, usage = _complete(client, model, False, max_tokens=4, temperature=0, extra_body={"min_tokens": 4})
+    waited = time.monotonic() - t0
+    assert usage.completion_tokens >= 1
+    deadline = time.monotonic() + 30
+    settled = served.emitted()
+    while time.monotonic() < deadline:  # the metrics port lags the engine by up to a second
+        time.sleep(1.5)
+        now = served.emitted()
+        if now == settled:
+            break
+        settled = now
+    assert settled - before < LONG / 2, (settled - before, waited)
+
+
+BAD = [  # (endpoint, request fields, the field the 400 names)
+    ("chat", {"n": 2}, "n"),
+    ("chat", {"temperature": -1}, "temperature"),
+    ("chat", {"top_p": 0}, "top_p"),
+    ("chat", {"max_tokens": 0}, "max_tokens"),
+    ("chat", {"max_completion_tokens": -1}, "max_completion_tokens"),
+    ("chat", {"seed": -5}, "seed"),
+    ("chat", {"stop": [""]}, "stop"),
+    ("chat", {"logprobs": "yes"}, "logprobs"),
+    ("chat", {"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+    ("chat", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("chat", {"extra_body": {"speculative_method": "warp"}}, "speculative_method"),
+    ("chat", {"extra_body": {"eagle_total_tokens": 0}}, "eagle_total_tokens"),
+    ("chat", {"extra_body": {"top_k": "many"}}, "top_k"),
+    ("completions", {"n": 2}, "n"),
+    ("completions", {"logprobs": 3}, "logprobs"),
+    ("completions", {"echo": True}, "echo"),
+    ("completions", {"prompt": [[1, 2, 3]]}, "prompt"),
+    ("completions", {"max_tokens": "many"}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("endpoint, fields, param", BAD, ids=[f"{e}-{p}" for e, _, p in BAD])
+def test_every_bad_field_gets_a_400_naming_it(served, endpoint, fields, param):
+    client = served.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        if endpoint == "chat":
+            client.chat.completions.create(**{"model": "speculative_decoding", "messages": MESSAGES, **fields})
+        else:
+            client.completions.create(**{"model": "speculative_decoding", "prompt": PROMPT, **fields})
+    assert e.value.status_code == 400 and e.value.param == param and param in e.value.message
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_what_the_engine_refuses_is_a_400_naming_it(served, name):
+    model, client = _model(served, name), served.client()
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            _chat(client, model, stream, max_tokens=LONG + 1)
+        assert "max_tokens" in e.value.message
+
+
+def test_an_unknown_model_is_a_404(served):
+    with pytest.raises(openai.NotFoundError) as e:
+        served.client().chat.completions.create(model="gpt-4", messages=MESSAGES)
+    assert e.value.code == "model_not_found"

@@ -1,0 +1,415 @@
+"""The OpenAI front door without Triton: request validation, stop strings, Triton input
+arrays, the request flow over a scripted stream, and the web layer (API key, error
+JSON, Server-Sent Events, disconnects) driven by the official `openai` package.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from openai_frontend.protocol import CHAT, COMPLETIONS, OpenAIError, parse_request
+from openai_frontend.stops import StopMatcher, first_stop
+from openai_frontend.triton_grpc import (TEXT, TOKENS, Piece, ServerFacts, TargetModel, build_inputs, csv_word,
+                                         model_kind, triton_error)
+
+from conftest import TOKENIZER_DIR
+
+openai = pytest.importorskip("openai")
+
+CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+TEXT_BODY = {"model": "m", "prompt": "hi"}
+ENSEMBLE_INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "exclude_input_in_output": "BOOL",
+                   "temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop_words": "BYTES",
+                   "end_id": "INT32", "min_tokens": "INT32", "speculative_method": "BYTES", "eagle_depth": "INT32"}
+TOKEN_INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL",
+                "runtime_top_p": "FP32", "runtime_top_k": "INT32", "temperature": "FP32", "random_seed": "UINT64",
+                "end_id": "INT32", "stop_words_list": "INT32", "return_log_probs": "BOOL", "min_tokens": "INT32",
+                "exclude_input_in_output": "BOOL"}
+ENSEMBLE = TargetModel("ensemble", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=True)
+TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset({"output_ids"}), batched=True)
+
+
+# -- requests ---------------------------------------------------------------------------------
+def test_defaults_follow_openai():
+    gen = parse_request(CHAT_BODY, CHAT)
+    assert gen.sampling == {"temperature": 1.0, "top_p": 1.0}
+    assert (gen.max_tokens, gen.stop, gen.stream, gen.logprobs) == (None, (), False, False)
+    assert gen.messages == ({"role": "user", "content": "hi"},)
+
+
+def test_fields_are_read():
+    gen = parse_request({**CHAT_BODY, "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "temperature": 0,
+                         "seed": 3, "top_k": -1, "stream": True, "stream_options": {"include_usage": True},
+                         "logprobs": True, "speculative_method": "eagle2", "eagle_total_tokens": 16,
+                         "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]}]}, CHAT)
+    assert gen.max_tokens == 7 and gen.stop == ("x",) and gen.stream and gen.include_usage and gen.logprobs
+    assert gen.sampling == {"temperature": 0.0, "top_p": 1.0, "seed": 3, "top_k": 0}
+    assert gen.speculative == {"speculative_method": "eagle2", "eagle_total_tokens": 16}
+    assert gen.messages[0]["content"] == "a\nb"
+    gen = parse_request({**TEXT_BODY, "prompt": ["one"], "logprobs": 0, "stop": ["a", "b", "a"]}, COMPLETIONS)
+    assert gen.prompt == "one" and gen.logprobs and gen.stop == ("a", "b")
+
+
+BAD_FIELDS = [  # (endpoint, body changes, the param named)
+    (CHAT, {"n": 2}, "n"),
+    (CHAT, {"temperature": -0.5}, "temperature"),
+    (CHAT, {"temperature": "hot"}, "temperature"),
+    (CHAT, {"top_p": 0}, "top_p"),
+    (CHAT, {"top_p": 1.5}, "top_p"),
+    (CHAT, {"max_tokens": 0}, "max_tokens"),
+    (CHAT, {"max_completion_tokens": -3}, "max_completion_tokens"),
+    (CHAT, {"max_tokens": 2.5}, "max_tokens"),
+    (CHAT, {"seed": -1}, "seed"),
+    (CHAT, {"stop": [1]}, "stop"),
+    (CHAT, {"stop": ""}, "stop"),
+    (CHAT, {"logprobs": "yes"}, "logprobs"),
+    (CHAT, {"top_logprobs": 3}, "top_logprobs"),
+    (CHAT, {"stream_options": {"include_usage": True}}, "stream_options"),
+    (CHAT, {"stream": "yes"}, "stream"),
+    (CHAT, {"messages": []}, "messages"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    (CHAT, {"presence_penalty": 5}, "presence_penalty"),
+    (CHAT, {"frequency_penalty": -3}, "frequency_penalty"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"logit_bias": {"5": 1}}, "logit_bias"),
+    (CHAT, {"model": ""}, "model"),
+    (CHAT, {"speculative_method": "warp"}, "speculative_method"),
+    (CHAT, {"eagle_depth": 0}, "eagle_depth"),
+    (CHAT, {"num_draft_tokens": -1}, "num_draft_tokens"),
+    (CHAT, {"min_tokens": -1}, "min_tokens"),
+    (CHAT, {"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
+    (CHAT, {"top_k": -2}, "top_k"),
+    (CHAT, {"repetition_penalty": 0}, "repetition_penalty"),
+    (CHAT, {"ignore_eos": 1}, "ignore_eos"),
+    (COMPLETIONS, {"prompt": None}, "prompt"),
+    (COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
+    (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
+    (COMPLETIONS, {"prompt": ""}, "prompt"),
+    (COMPLETIONS, {"logprobs": 2}, "logprobs"),
+    (COMPLETIONS, {"echo": True}, "echo"),
+    (COMPLETIONS, {"suffix": "end"}, "suffix"),
+    (COMPLETIONS, {"best_of": 2}, "best_of"),
+    (COMPLETIONS, {"n": 3}, "n"),
+    (COMPLETIONS, {"max_tokens": "many"}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("endpoint, change, param", BAD_FIELDS, ids=[f"{e}-{p}" for e, _, p in BAD_FIELDS])
+def test_every_bad_field_is_a_400_naming_it(endpoint, change, param):
+    body = {**(CHAT_BODY if endpoint == CHAT else TEXT_BODY), **change}
+    with pytest.raises(OpenAIError) as e:
+        parse_request(body, endpoint)
+    assert e.value.status == 400 and e.value.param == param and e.value.message.startswith(param)
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_body_must_be_an_object():
+    with pytest.raises(OpenAIError) as e:
+        parse_request([1], CHAT)
+    assert e.value.status == 400
+
+
+# -- stop strings -----------------------------------------------------------------------------
+def test_stop_matcher_holds_back_a_possible_start():
+    m = StopMatcher(["END"])
+    assert [m.feed("abcE"), m.feed("N"), m.feed("D more")] == ["abc", "", ""]
+    assert m.stopped and m.finish() == ""
+    m = StopMatcher(["END"])
+    assert m.feed("abcEN") == "abc" and m.feed("x") == "ENx" and m.finish() == "" and not m.stopped
+    m = StopMatcher(["\n\n"])
+    assert m.feed("a\n") == "a" and m.finish() == "\n"
+
+
+def test_stop_matcher_equals_cutting_the_whole_text():
+    rng = random.Random(0)
+    for _ in range(400):
+        text = "".join(rng.choice("abc\n") for _ in range(rng.randint(0, 30)))
+        stops = ["".join(rng.choice("abc\n") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randint(0, 6))))
+        pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+        m = StopMatcher(stops)
+        out = "".join(m.feed(p) for p in pieces) + m.finish()
+        at = first_stop(text, stops)
+        assert out == (text if at < 0 else text[:at]), (text, stops, pieces)
+        assert m.stopped == (at >= 0)
+
+
+# -- Triton inputs ----------------------------------------------------------------------------
+def test_model_kinds():
+    assert model_kind(ENSEMBLE_INPUTS, ["text_output"]) == TEXT
+    assert model_kind(TOKEN_INPUTS, ["output_ids"]) == TOKENS
+    assert model_kind(["QUERY", "REQUEST_OUTPUT_LEN"], ["INPUT_ID"]) is None  # preprocessing
+    assert model_kind(["TOKENS_BATCH"], ["OUTPUT"]) is None
+
+
+def test_inputs_take_the_declared_names_types_and_shapes():
+    arrays = build_inputs(ENSEMBLE, {"text_input": "hé", "max_tokens": 5, "stream": True, "top_p": 0.5, "seed": 7,
+                                     "stop_words": [csv_word("a,b"), csv_word("c")], "end_id": None})
+    assert arrays["text_input"].dtype == np.object_ and arrays["text_input"].shape == (1, 1)
+    assert arrays["text_input"][0, 0] == "hé".encode()
+    assert arrays["max_tokens"].dtype == np.int32 and arrays["max_tokens"].shape == (1, 1)
+    assert arrays["seed"].dtype == np.uint64 and arrays["top_p"].dtype == np.float32
+    assert arrays["stop_words"].tolist() == [[b'"a,b"', b"c"]] and "end_id" not in arrays
+    arrays = build_inputs(TOKEN_MODEL, {"input_ids": [5, 6, 7], "max_tokens": 4, "stream": False, "top_p": 0.9,
+                                        "seed": 1, "stop_words_list": np.array([[5, 6], [2, -1]], np.int32)})
+    assert arrays["input_ids"].shape == (1, 3) and arrays["request_output_len"].tolist() == [[4]]
+    assert set(arrays) == {"input_ids", "request_output_len", "streaming", "runtime_top_p", "random_seed",
+                           "stop_words_list"}
+    assert arrays["stop_words_list"].shape == (1, 2, 2)
+    unbatched = TargetModel("u", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=False)
+    assert build_inputs(unbatched, {"max_tokens": 3})["max_tokens"].shape == (1,)
+
+
+def test_a_value_the_model_does_not_take_is_a_400_naming_it():
+    with pytest.raises(OpenAIError) as e:
+        build_inputs(TOKEN_MODEL, {"speculative_method": "eagle2"})
+    assert e.value.status == 400 and e.value.param == "speculative_method"
+
+
+def test_triton_errors_map_to_statuses():
+    assert triton_error("the request queue is full (2 waiting); retry later").status == 503
+    assert triton_error("internal error: boom").status == 500
+    assert triton_error("max_tokens must be <= 64, got 100").status == 400
+
+
+# -- the request flow over a scripted stream --------------------------------------------------
+class ScriptedStream:
+    def __init__(self, pieces, error=None, delay_s=0.0):
+        self.pieces, self.error, self.delay_s = pieces, error, delay_s
+        self.finished = self.closed = self.cancelled = False
+
+    async def __aiter__(self):
+        for piece in self.pieces:
+            await asyncio.sleep(self.delay_s)
+            self.finished = piece.final
+            yield piece
+        if self.error is not None:
+            self.finished = True
+            raise self.error
+
+    def close(self):
+        self.closed = True
+        self.cancelled = not self.finished
+
+
+class ScriptedClient:
+    """Answers every request with `script(arrays)`'s pieces; keeps the streams it made."""
+
+    def __init__(self, script):
+        self.script, self.streams, self.requests = script, [], []
+
+    def stream(self, target, arrays, request_id):
+        self.requests.append(arrays)
+        stream = self.script(arrays)
+        self.streams.append(stream)
+        return stream
+
+
+@pytest.fixture(scope="module")
+def front_tokenizer():
+    from openai_frontend.tokenization import Tokenizer
+    return Tokenizer(TOKENIZER_DIR)
+
+
+def make_frontend(tokenizer, script, targets=(TOKEN_MODEL, ENSEMBLE)):
+    from openai_frontend.service import Frontend
+    return Frontend(ScriptedClient(script), list(targets), tokenizer, ServerFacts(max_tokens_limit=64, max_seq_len=512))
+
+
+def token_pieces(tokenizer, text, per_piece=2, log_prob=-0.5):
+    ids = tokenizer.hf.encode(text, add_special_tokens=False)
+    groups = [ids[i:i + per_piece] for i in range(0, len(ids), per_piece)]
+    return [Piece(token_ids=g, log_probs=[log_prob] * len(g), final=i == len(groups) - 1)
+            for i, g in enumerate(groups)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def collect(agen):
+    return [chunk async for chunk in agen]
+
+
+def test_a_token_model_answer_is_exact(front_tokenizer):
+    text = "Hello there, how are you doing today?"
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(token_pieces(front_tokenizer, text)))
+    n = len(front_tokenizer.hf.encode(text, add_special_tokens=False))
+    body = run(frontend.complete(parse_request({**CHAT_BODY, "model": "speculative_decoding", "max_tokens": n,
+                                                "logprobs": True}, CHAT)))
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"] == text
+    assert body["choices"][0]["finish_reason"] == "length"  # n tokens of max_tokens n
+    prompt = front_tokenizer.hf.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                    add_generation_prompt=True)
+    prompt_ids = front_tokenizer.hf.encode(prompt, add_special_tokens=False)
+    assert body["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+    sent = frontend.client.requests[0]
+    assert sent["input_ids"].tolist() == [prompt_ids] and sent["end_id"].tolist() == [[front_tokenizer.eos_id]]
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == n and "".join(e["token"] for e in content) == text
+    assert frontend.client.streams[0].closed and not frontend.client.streams[0].cancelled
+
+
+def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):
+    text = "one two three four five six seven eight"
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(token_pieces(front_tokenizer, text, 1)))
+    gen = parse_request({**TEXT_BODY, "model": "speculative_decoding", "stop": [" four", "zzz"], "logprobs": 0},
+                        COMPLETIONS)
+    body = run(frontend.complete(gen))
+    choice = body["choices"][0]
+    assert choice["text"] == "one two three" and choice["finish_reason"] == "stop"
+    assert choice["logprobs"]["tokens"] == ["one", " two", " three"] and choice["logprobs"]["text_offset"] == [0, 3, 7]
+    assert frontend.client.streams[0].cancelled  # the final response never came
+    chunks = run(collect(frontend.chunks(parse_request({**TEXT_BODY, "model": "speculative_decoding",
+                                                        "stop": " four", "stream": True}, COMPLETIONS))))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "one two three"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert frontend.client.streams[1].cancelled
+
+
+def test_chunks_open_with_the_role_and_end_with_usage(front_tokenizer):
+    text = "abc def ghi"
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(
+        [Piece(text="abc"), Piece(text=" def"), Piece(text=" ghi", final=True)]))
+    gen = parse_request({**CHAT_BODY, "model": "ensemble", "stream": True, "stream_options": {"include_usage": True},
+                         "max_tokens": 50}, CHAT)
+    chunks = run(collect(frontend.chunks(gen)))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "abc"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == text
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and all("usage" in c for c in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == front_tokenizer.count(text)
+    sent = frontend.client.requests[0]
+    assert sent["stream"].tolist() == [[True]] and sent["exclude_input_in_output"].tolist() == [[True]]
+    assert sent["temperature"].tolist() == [[1.0]] and "end_id" not in sent
+
+
+def test_refusals_come_before_any_chunk(front_tokenizer):
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream([], error=triton_error("max_tokens must "
+                                                                                                  "be <= 64, got 99")))
+    agen = frontend.chunks(parse_request({**CHAT_BODY, "model": "ensemble", "stream": True, "max_tokens": 99}, CHAT))
+    with pytest.raises(OpenAIError) as e:
+        run(agen.__anext__())
+    assert e.value.status == 400 and "max_tokens" in e.value.message
+    with pytest.raises(OpenAIError) as e:  # text models return no tokens to attach log-probs to
+        frontend.prepare(parse_request({**CHAT_BODY, "model": "ensemble", "logprobs": True}, CHAT))
+    assert e.value.param == "logprobs"
+    with pytest.raises(OpenAIError) as e:
+        frontend.prepare(parse_request({**CHAT_BODY, "model": "gpt-4"}, CHAT))
+    assert e.value.status == 404 and e.value.code == "model_not_found"
+
+
+# -- the web layer ----------------------------------------------------------------------------
+@contextmanager
+def serving(frontend, api_key=None):
+    """The aiohttp app on a free port, in a thread with its own event loop."""
+    from aiohttp import web
+
+    from openai_frontend.app import create_app
+
+    ready, loop_box = threading.Event(), {}
+
+    def main():
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(create_app(frontend, api_key), handler_cancellation=True, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        loop_box.update(loop=loop, port=site._server.sockets[0].getsockname()[1])
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{loop_box['port']}"
+    finally:
+        loop_box["loop"].call_soon_threadsafe(loop_box["loop"].stop)
+        thread.join(10)
+
+
+def test_the_api_key_is_checked(front_tokenizer):
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream([Piece(text="ok", final=True)]))
+    with serving(frontend, api_key="sesame") as url:
+        good = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
+        assert [m.id for m in good.models.list()] == ["speculative_decoding", "ensemble"]
+        for key in ("wrong", None):
+            bad = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                                default_headers={"Authorization": f"Bearer {key}"} if key else {"Authorization": ""})
+            with pytest.raises(openai.AuthenticationError) as e:
+                bad.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": "hi"}])
+            assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+        import requests
+        assert requests.get(url + "/health", timeout=5).status_code == 200  # no key needed
+
+
+def test_errors_are_openai_json(front_tokenizer):
+    import requests
+
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream([Piece(text="ok", final=True)]))
+    with serving(frontend) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": "hi"}], n=2)
+        assert e.value.param == "n" and e.value.type == "invalid_request_error"
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="nope", prompt="hi")
+        r = requests.post(url + "/v1/completions", data=b"{not json", timeout=5)
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        r = requests.get(url + "/v1/nothing", timeout=5)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+        r = requests.get(url + "/v1/completions", timeout=5)
+        assert r.status_code == 405
+
+
+def test_sse_framing_and_a_mid_stream_error(front_tokenizer):
+    import requests
+
+    def script(arrays):
+        return ScriptedStream([Piece(text="a"), Piece(text="b")], error=triton_error("internal error: boom"))
+
+    frontend = make_frontend(front_tokenizer, script)
+    with serving(frontend) as url:
+        r = requests.post(url + "/v1/completions", json={"model": "ensemble", "prompt": "hi", "stream": True},
+                          timeout=10)
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+        assert events[-1] == "[DONE]"
+        bodies = [json.loads(e) for e in events[:-1]]
+        assert [b["choices"][0]["text"] for b in bodies[:2]] == ["a", "b"]
+        assert bodies[2]["error"]["message"] == "internal error: boom"
+
+
+def test_a_client_that_goes_away_cancels_its_stream(front_tokenizer):
+    pieces = [Piece(text=f"w{i} ") for i in range(200)] + [Piece(final=True)]
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(pieces, delay_s=0.02))
+    with serving(frontend) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        for stream_it in (True, False):
+            n = len(frontend.client.streams)
+            if stream_it:
+                stream = client.chat.completions.create(model="ensemble", stream=True,
+                                                        messages=[{"role": "user", "content": "hi"}])
+                next(iter(stream)), next(iter(stream))
+                stream.close()
+            else:
+                with pytest.raises(openai.APITimeoutError):
+                    client.with_options(timeout=0.3).completions.create(model="ensemble", prompt="hi")
+            deadline = time.monotonic() + 5
+            while not (len(frontend.client.streams) > n and frontend.client.streams[-1].closed):
+                assert time.monotonic() < deadline, "the stream was not closed"
+                time.sleep(0.05)
+            assert frontend.client.streams[-1].cancelled

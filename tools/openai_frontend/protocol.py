@@ -1,0 +1,276 @@
+"""OpenAI request bodies → a validated `Generation`, and OpenAI's error shape.
+
+Owns: which request fields the front door understands, their types and ranges, and
+the one error type (`OpenAIError`) whose `body()` is OpenAI's error JSON. A bad field
+is a 400 whose message and `param` name it. Never touches the network, a tokenizer or
+Triton: `service.py` turns a `Generation` into a Triton request.
+
+Fields, per endpoint (anything else in the body is ignored, as vLLM does):
+
+    both     model, max_tokens, temperature, top_p, seed, stop, n (1 only), stream,
+             stream_options.include_usage, presence_penalty, frequency_penalty,
+             logit_bias (empty only)
+    chat     messages, max_completion_tokens (wins over max_tokens), logprobs (bool),
+             top_logprobs (0 only), tools (none), response_format (text only)
+    text     prompt (a string, or a list of one string), logprobs (0 only: the sampled
+             token's log-probability), echo (false only), suffix (none), best_of (1 only)
+    extra    top_k, min_tokens, repetition_penalty, ignore_eos (vLLM's names) and the
+             ensemble's speculative inputs: speculative_method, speculative_choices,
+             eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens
+
+OpenAI's defaults apply: temperature 1 and top_p 1 when absent (the ensemble's own
+default is greedy; clients that want greedy send temperature 0).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from specdec.request import METHODS
+
+CHAT, COMPLETIONS = "chat.completions", "completions"
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class OpenAIError(Exception):
+    """An answer in OpenAI's error shape: `{"error": {message, type, param, code}}`."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, type_: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_field(param: str, message: str) -> OpenAIError:
+    """A 400 for one request field; the message starts with the field's name."""
+    return OpenAIError(400, f"{param}: {message}", param=param)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One validated OpenAI request, in the ensemble's terms.
+
+    `sampling` and `speculative` map ensemble input names to values and hold only what
+    the client set (plus OpenAI's temperature/top_p defaults); `prompt` is set for
+    completions, `messages` (role and text content) for chat.
+    """
+
+    endpoint: str  # CHAT | COMPLETIONS
+    model: str
+    prompt: Optional[str] = None
+    messages: tuple[dict, ...] = ()
+    max_tokens: Optional[int] = None  # None: the server's default
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    ignore_eos: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)
+    speculative: dict[str, Any] = field(default_factory=dict)
+
+
+# -- typed field readers: None when absent or null ---------------------------------------------
+def _present(body: dict, name: str) -> bool:
+    return body.get(name) is not None
+
+
+def _bool(body: dict, name: str) -> Optional[bool]:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise bad_field(name, f"must be a boolean, got {value!r}")
+    return value
+
+
+def _int(body: dict, name: str, lo: Optional[int] = None, hi: Optional[int] = None) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_field(name, f"must be an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise bad_field(name, f"must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise bad_field(name, f"must be <= {hi}, got {value}")
+    return value
+
+
+def _number(body: dict, name: str, lo: Optional[float] = None, hi: Optional[float] = None,
+            lo_open: bool = False) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_field(name, f"must be a number, got {value!r}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise bad_field(name, f"must be {'>' if lo_open else '>='} {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise bad_field(name, f"must be <= {hi}, got {value}")
+    return float(value)
+
+
+def _str(body: dict, name: str, choices: tuple[str, ...] = ()) -> Optional[str]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_field(name, f"must be a string, got {value!r}")
+    if choices and value not in choices:
+        raise bad_field(name, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _only(body: dict, name: str, allowed, why: str) -> None:
+    """A field we accept only at its no-op value(s)."""
+    if body.get(name) is not None and body[name] not in allowed:
+        raise bad_field(name, f"{why}, got {body[name]!r}")
+
+
+# -- the request ------------------------------------------------------------------------------
+def parse_request(body: Any, endpoint: str) -> Generation:
+    """Validates an OpenAI request body for `endpoint`; raises `OpenAIError` (400)."""
+    assert endpoint in (CHAT, COMPLETIONS), endpoint
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    model = _str(body, "model")
+    if not model:
+        raise bad_field("model", "is required")
+
+    _only(body, "n", (1,), "only 1 choice per request is supported")
+    _only(body, "logit_bias", ({},), "logit_bias is not supported")
+    stream = bool(_bool(body, "stream"))
+    include_usage = False
+    if _present(body, "stream_options"):
+        options = body["stream_options"]
+        if not stream:
+            raise bad_field("stream_options", "is only allowed when stream is true")
+        if not isinstance(options, dict):
+            raise bad_field("stream_options", f"must be an object, got {options!r}")
+        include_usage = bool(_bool(options, "include_usage"))
+
+    if endpoint == CHAT:
+        prompt, messages = None, _messages(body)
+        _only(body, "top_logprobs", (0,), "top alternatives are not returned (the sampled token's "
+                                          "log-probability is, with logprobs: true)")
+        if body.get("tools"):
+            raise bad_field("tools", "tool calls are not supported")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise bad_field("response_format", f"only {{'type': 'text'}} is supported, got {fmt!r}")
+        logprobs = bool(_bool(body, "logprobs"))
+        max_tokens = _int(body, "max_completion_tokens", lo=1)
+        if max_tokens is None:
+            max_tokens = _int(body, "max_tokens", lo=1)
+        else:
+            _int(body, "max_tokens", lo=1)  # still type-checked
+    else:
+        prompt, messages = _prompt(body), ()
+        logprobs_n = _int(body, "logprobs", lo=0)
+        if logprobs_n not in (None, 0):
+            raise bad_field("logprobs", "top alternatives are not returned: use 0 (the sampled "
+                                        f"token's log-probability), got {logprobs_n}")
+        logprobs = logprobs_n == 0
+        _only(body, "echo", (False,), "echo is not supported")
+        _only(body, "suffix", ("",), "suffix is not supported")
+        _only(body, "best_of", (1,), "only best_of 1 is supported")
+        max_tokens = _int(body, "max_tokens", lo=1)
+
+    sampling: dict[str, Any] = {
+        "temperature": _number(body, "temperature", lo=0.0, hi=2.0),
+        "top_p": _number(body, "top_p", lo=0.0, hi=1.0, lo_open=True),
+        "seed": _int(body, "seed", lo=0, hi=2 ** 64 - 1),
+        "presence_penalty": _number(body, "presence_penalty", lo=-2.0, hi=2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", lo=-2.0, hi=2.0),
+        "repetition_penalty": _number(body, "repetition_penalty", lo=0.0, lo_open=True),
+        "min_tokens": _int(body, "min_tokens", lo=0),
+    }
+    top_k = _int(body, "top_k", lo=-1)
+    sampling["top_k"] = 0 if top_k == -1 else top_k  # vLLM's -1 and the engine's 0: no top-k
+    sampling = {k: v for k, v in sampling.items() if v is not None}
+    sampling.setdefault("temperature", 1.0)  # OpenAI's defaults, not the ensemble's greedy
+    sampling.setdefault("top_p", 1.0)
+    if max_tokens is not None and sampling.get("min_tokens", 0) > max_tokens:
+        raise bad_field("min_tokens", f"must be <= max_tokens ({max_tokens}), got {sampling['min_tokens']}")
+
+    speculative = {
+        "speculative_method": _str(body, "speculative_method", METHODS),
+        "speculative_choices": _str(body, "speculative_choices"),
+        "eagle_depth": _int(body, "eagle_depth", lo=1),
+        "eagle_top_k": _int(body, "eagle_top_k", lo=1),
+        "eagle_total_tokens": _int(body, "eagle_total_tokens", lo=1),
+        "num_draft_tokens": _int(body, "num_draft_tokens", lo=0),
+    }
+    return Generation(
+        endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+        stop=_stop(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
+        ignore_eos=bool(_bool(body, "ignore_eos")), sampling=sampling,
+        speculative={k: v for k, v in speculative.items() if v is not None})
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    words = [stop] if isinstance(stop, str) else stop
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise bad_field("stop", f"must be a string or a list of strings, got {stop!r}")
+    if any(w == "" for w in words):
+        raise bad_field("stop", "must not hold an empty string")
+    return tuple(dict.fromkeys(words))
+
+
+def _prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # the API's batch form, with one prompt
+    if prompt is None:
+        raise bad_field("prompt", "is required")
+    if not isinstance(prompt, str):
+        raise bad_field("prompt", "must be a string or a list of one string (token-id prompts and "
+                                  "several prompts per request are not supported)")
+    if not prompt:
+        raise bad_field("prompt", "must not be empty")
+    return prompt
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_field("messages", "must be a non-empty list of messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_field(where, f"must be an object, got {message!r}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_field(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        if message.get("tool_calls"):
+            raise bad_field(f"{where}.tool_calls", "tool calls are not supported")
+        out.append({"role": role, "content": _content(message.get("content"), f"{where}.content")})
+    return tuple(out)
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or text parts joined with newlines (as vLLM does)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_field(where, f"must be a string or a list of text parts, got {content!r}")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_field(f"{where}[{j}]", "only text parts ({'type': 'text', 'text': ...}) are supported")
+        texts.append(part["text"])
+    return "\n".join(texts)

@@ -1,0 +1,91 @@
+"""OpenAI's response JSON: whole answers, stream chunks, usage and log-probs.
+
+Owns the shapes only (field names and nesting, per endpoint); the values come from
+`service.py`. Streams follow OpenAI's order: for chat a first chunk with the role,
+then content deltas, then a chunk with `finish_reason`; with
+`stream_options.include_usage` every chunk carries `"usage": null` and a last chunk
+with no choices carries the usage. The `data: [DONE]` line is the web layer's.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .protocol import CHAT
+
+
+@dataclass(frozen=True)
+class TokenLogProb:
+    token: str  # the token's own text
+    logprob: float
+    offset: int  # where the token starts in the generated text (completions' text_offset)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def logprobs_json(endpoint: str, entries: Sequence[TokenLogProb]) -> dict:
+    if endpoint == CHAT:
+        return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8")),
+                             "top_logprobs": []} for e in entries]}
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": None, "text_offset": [e.offset for e in entries]}
+
+
+@dataclass
+class Shapes:
+    """The envelope shared by one request's answer or chunks (id, object, created, model)."""
+
+    endpoint: str
+    model: str
+    logprobs: bool = False  # the client asked for them: the field is an object, else null
+    include_usage: bool = False
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        if not self.id:
+            self.id = ("chatcmpl-" if self.endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _logprobs(self, entries: Sequence[TokenLogProb]):
+        return logprobs_json(self.endpoint, entries) if self.logprobs else None
+
+    def answer(self, text: str, finish_reason: str, use: dict, entries: Sequence[TokenLogProb] = ()) -> dict:
+        """The whole (non-streamed) answer."""
+        if self.endpoint == CHAT:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        body["usage"] = use
+        return body
+
+    def chunk(self, text: str, entries: Sequence[TokenLogProb] = (), finish_reason: Optional[str] = None,
+              first: bool = False) -> dict:
+        """One stream chunk; `first` (chat) opens the assistant's message."""
+        if self.endpoint == CHAT:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(entries) if entries else None,
+                      "finish_reason": finish_reason}
+            body = self._envelope("chat.completion.chunk", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": self._logprobs(entries) if entries else None,
+                      "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, use: dict) -> dict:
+        body = self._envelope("chat.completion.chunk" if self.endpoint == CHAT else "text_completion", [])
+        body["usage"] = use
+        return body
