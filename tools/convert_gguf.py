@@ -207,6 +207,7 @@ def write_tokenizer(path: Path, out: Path) -> dict:
     if tok.pad_token is None:
         updates["pad_token"] = eos
     tok.add_special_tokens({k: v for k, v in updates.items() if v is not None})
+    tok.clean_up_tokenization_spaces = False  # a BPE tokenizer decodes spaces as they are
     tok.save_pretrained(str(out))
     ids = {
         "bos_token_id": tok.bos_token_id,

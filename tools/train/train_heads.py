@@ -1,19 +1,31 @@
-"""Trains the base model's drafters: an EAGLE-1/2 head, an EAGLE-3 head and Medusa heads.
+"""Trains the target's heads: an EAGLE-1/2 head, an EAGLE-3 head and Medusa heads.
 
-All three learn from the frozen base model's own predictions on the stdlib corpus
-(one base forward per batch serves the three), each the way its paper trains it:
-- EAGLE-1: regress the next feature (smooth L1) + 0.1 x cross-entropy of its logits
-  (through the frozen base lm_head) against the base's next-token distribution, on
-  teacher-forced features with uniform noise.
+All three learn from the frozen target's own features on self-distilled conversations
+(`features.py` computes them once), each the way its paper trains it:
+- EAGLE-1: from the feature at t and the token at t + 1, regress the feature at t + 1
+  (smooth L1) + 0.1 x cross-entropy of its logits (through the target's LM head)
+  against the target's distribution there; uniform noise on the input features.
 - EAGLE-3: training-time test: `--ttt-steps` unrolled steps, each feeding the head its
   own previous output; step k at position t sees the step-0 keys up to t and its own
-  earlier steps at t (exactly what a depth-k draft node sees when serving), loss
-  weighted 0.8^k, target = the base's distribution restricted to the draft vocabulary.
-- Medusa: head k matches the base's distribution of the token k + 2 ahead.
-The heads are the engine's own modules (`specdec.models.*`), saved in the upstream
-layouts.
+  earlier steps at t (what a depth-k draft node sees when serving); loss weighted
+  0.8^k; target = the target's distribution restricted to the draft vocabulary.
+- Medusa (Medusa-1): head k, a residual block in front of the frozen target LM head,
+  matches the target's distribution of the token k + 2 ahead.
+Losses are taken where the predicted token belongs to the answer. The cross-entropies
+of EAGLE-1 and Medusa run over the `--train-vocab` most frequent answer tokens (the
+target's distribution renormalised over them): the full 49k-token LM head would cost
+more than everything else in the step. Serving uses the full LM head.
 
-    python tools/train/train_heads.py --base checkpoints/base --out checkpoints --steps 300
+The heads are the engine's own modules (`specdec.models.*`), saved in the upstream
+layouts, less what setup derives from the target (`tools/setup_model.py`): Medusa's
+head projections (the target's LM head, frozen here) are not written.
+
+Seeded and resumable: a state file in `--work` is written every `--save-every` steps;
+rerunning the same command goes on from it. `--snapshots` saves the EAGLE heads after
+that many answer tokens (comma list), for the learning curve.
+
+    python tools/train/train_heads.py --base .cache/smollm2/base --data .cache/data/self_distill.jsonl \
+        --out checkpoints/smollm2-135m-instruct --work .cache/train/heads
 """
 from __future__ import annotations
 
@@ -31,46 +43,35 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import BatchSampler, cached_stream, list_sources  # noqa: E402
-from specdec.kv_cache import AttentionBatch  # noqa: E402
+from data import Dataset, batches, coverage, frequent_tokens, load_dataset  # noqa: E402
+from features import FeatureSet, build_features  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
-from specdec.models.eagle3 import Eagle3Head, eagle3_feature_layers  # noqa: E402
+from specdec.models.eagle3 import Eagle3Head  # noqa: E402
 from specdec.models.layers import LlamaShape, causal_mask, rope, rope_tables  # noqa: E402
 from specdec.models.llama import LlamaModel  # noqa: E402
-from specdec.models.medusa import MedusaHeads  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from specdec.models.medusa import ResBlock  # noqa: E402
 
-MEDUSA_HEADS = 4
-DRAFT_VOCAB = 1024
-SCORE_TEMPERATURE = 0.25
+SCORE_TEMPERATURE = 0.5
 
 
 def head_config(base_cfg: dict, **extra) -> dict:
     keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size", "hidden_act")
+            "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings",
+            "vocab_size", "hidden_act")
     cfg = {k: base_cfg[k] for k in keys if k in base_cfg}
     cfg.update(model_type="llama", num_hidden_layers=1, torch_dtype="float16", tie_word_embeddings=False)
     cfg.update(extra)
     return cfg
 
 
-def base_forward(base: LlamaModel, ids: torch.Tensor, aux_layers):
-    B, T = ids.shape
-    cache = base.new_cache(B, T)
-    batch = AttentionBatch.build(torch.arange(B), torch.zeros(B, dtype=torch.long), causal_mask(B, T, ids.device))
-    with torch.no_grad():
-        feats, aux = base(ids, torch.arange(T)[None].expand(B, T), cache, batch, aux_layers)
-        logits = base.logits(feats)
-    return feats, aux, logits
-
-
-def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy against a target distribution, averaged over `valid` positions."""
+def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against a target distribution, averaged over positions by `weight` [B, T]."""
     loss = -(target_probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-    return (loss * valid).sum() / valid.sum().clamp(min=1)
+    return (loss * weight).sum() / weight.sum().clamp(min=1)
 
 
-def ttt_attention(attn, inv_freq: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, past: list, causal: torch.Tensor):
+def ttt_attention(attn, inv_freq: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, past: list,
+                  causal: torch.Tensor) -> torch.Tensor:
     """EAGLE-3 training-time-test attention of one unrolled step.
 
     x: [B, T, 2H]. `past` holds (k, v) [B, H_kv, T, D] of the earlier steps; step 0's
@@ -96,158 +97,237 @@ def ttt_attention(attn, inv_freq: torch.Tensor, x: torch.Tensor, positions: torc
     weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
     out = weights[..., :T] @ v0
     for j, vj in enumerate(diag_v):
-        out = out + weights[..., T + j : T + j + 1] * vj
+        out = out + weights[..., T + j: T + j + 1] * vj
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-def eagle3_ttt_loss(head: Eagle3Head, ids, aux, base_logits, steps: int):
-    """ids: [B, T] true tokens; aux: [B, T, 3H]; base_logits: [B, T, V]."""
+def shifted(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x[:, k:] padded back to x's length with zeros at the end (rows past the end are masked)."""
+    if k == 0:
+        return x
+    return torch.cat([x[:, k:], torch.zeros_like(x[:, :k])], dim=1)
+
+
+def eagle3_ttt_loss(head: Eagle3Head, ids, aux, draft_target, weight, steps: int):
+    """ids: [B, T]; aux: [B, T, 3H]; draft_target: [B, T, draft_V] the target's distribution
+    at each position over the draft vocabulary; weight[b, t]: position t's prediction counts.
+
+    Step k's state at row t stands for the draft node k + 1 levels below position t: it
+    reads token x[t + 1 + k] and predicts the target's distribution at t + 1 + k."""
     B, T = ids.shape
-    n = T - 1  # positions t = 0..T-2 take token x[t+1]
-    causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-    target = torch.softmax(base_logits[..., head.t2d], dim=-1)  # [B, T, draft_V]
-    hidden = head.fc(aux[:, :n])
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    hidden = head.fc(aux)
     layer = head.midlayer
     past: list = []
     total, acc = 0.0, []
     for k in range(steps):
-        tok = ids[:, 1 + k : 1 + k + n]
-        if tok.shape[1] < n:  # pad the tail past the sequence end; those positions are masked
-            tok = F.pad(tok, (0, n - tok.shape[1]))
-        positions = (torch.arange(n) + k)[None].expand(B, n)
+        tok = shifted(ids, 1 + k)
+        positions = (torch.arange(T) + k)[None].expand(B, T)
         emb = head.embed_tokens(tok)
         x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(hidden)), dim=-1)
         h = hidden + ttt_attention(layer.self_attn, head.inv_freq, x, positions, past, causal)
         hidden = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = head.draft_logits(hidden)  # predicts x[t + 2 + k], base row t + 1 + k
-        valid = torch.zeros(B, n)
-        valid[:, : max(0, n - 1 - k)] = 1.0
-        tgt = torch.zeros_like(logits)
-        rows = max(0, n - 1 - k)
-        tgt[:, :rows] = target[:, 1 + k : 1 + k + rows]
-        total = total + (0.8 ** k) * soft_ce(logits, tgt, valid)
+        logits = head.draft_logits(hidden)
+        target = shifted(draft_target, 1 + k)
+        w = shifted(weight, 1 + k)
+        total = total + (0.8 ** k) * soft_ce(logits, target, w)
         with torch.no_grad():
-            hit = (logits[:, :rows].argmax(-1) == tgt[:, :rows].argmax(-1)).float().mean().item()
-        acc.append(hit)
+            hit = ((logits.argmax(-1) == target.argmax(-1)).float() * w).sum() / w.sum().clamp(min=1)
+        acc.append(hit.item())
     return total, acc
+
+
+class Heads(torch.nn.Module):
+    """The three trained modules, for one optimizer state and one checkpoint file."""
+
+    def __init__(self, base: LlamaModel, base_cfg: dict, draft_ids: torch.Tensor, medusa_heads: int):
+        super().__init__()
+        shape = LlamaShape.from_config(head_config(base_cfg))
+        # EAGLE-1: one Llama layer (no input norm), starting from the target's last layer.
+        self.eagle = EagleHead(shape, fc_bias=True)
+        self.eagle.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight)
+        self.eagle.embed_tokens.weight.requires_grad_(False)
+        last = base.model.layers[-1]
+        for mine, theirs in ((self.eagle.layers[0].self_attn, last.self_attn), (self.eagle.layers[0].mlp, last.mlp)):
+            mine.load_state_dict({k: v for k, v in theirs.state_dict().items() if k in mine.state_dict()})
+        # EAGLE-3: the draft vocabulary is the most frequent answer tokens.
+        D = len(draft_ids)
+        self.eagle3 = Eagle3Head(shape, D)
+        self.eagle3.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight)
+        self.eagle3.embed_tokens.weight.requires_grad_(False)
+        self.eagle3.d2t.copy_(draft_ids - torch.arange(D))
+        self.eagle3.t2d.zero_()
+        self.eagle3.t2d[draft_ids] = True
+        self.eagle3.lm_head.weight.data.copy_(base.lm_head.weight[draft_ids])
+        self.eagle3.norm.weight.data.copy_(base.model.norm.weight)
+        # Medusa: residual blocks start as identity (each head first proposes the next token).
+        self.medusa = torch.nn.ModuleList(ResBlock(shape.hidden_size) for _ in range(medusa_heads))
+        for block in self.medusa:
+            block.linear.weight.data.zero_()
+            block.linear.bias.data.zero_()
+
+
+def train_vocab_target(hidden: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
+    """The target's distribution renormalised over the rows' tokens: hidden [B, T, H] -> [B, T, V']."""
+    return torch.softmax(hidden @ lm_rows.T, dim=-1)
+
+
+def batch_tensors(fs: FeatureSet, ds: Dataset, group: list[int]):
+    """Right-padded ids [B, T], hidden [B, T, H], aux [B, T, 3H] (float32) and the answer
+    weight [B, T]: 1 where the position's *next* token belongs to the answer."""
+    T = max(len(ds.conversations[c]) for c in group)
+    B = len(group)
+    H = fs.hidden.shape[1]
+    ids = torch.zeros(B, T, dtype=torch.long)
+    hidden = torch.zeros(B, T, H)
+    aux = torch.zeros(B, T, 3 * H)
+    weight = torch.zeros(B, T)
+    for row, c in enumerate(group):
+        sl = fs.conversation(c)
+        n = sl.stop - sl.start
+        ids[row, :n] = torch.from_numpy(fs.ids[sl].astype(np.int64))
+        hidden[row, :n] = torch.from_numpy(np.asarray(fs.hidden[sl], dtype=np.float32))
+        aux[row, :n] = torch.from_numpy(np.asarray(fs.aux[sl], dtype=np.float32))
+        weight[row, ds.prompt_lens[c] - 1: n - 1] = 1.0
+    return ids, hidden, aux, weight
+
+
+def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_rows: torch.Tensor,
+           ids, hidden, aux, weight, ttt_steps: int, gen: torch.Generator, noise: float):
+    """The three losses of one batch, and top-1 agreement with the target per head."""
+    B, T = ids.shape
+    target = train_vocab_target(hidden, lm_head[train_rows])  # [B, T, V']
+    # EAGLE-1: row t reads (feature t, token t + 1) and predicts feature t + 1.
+    n = T - 1
+    noisy = hidden[:, :n] + (torch.rand(hidden[:, :n].shape, generator=gen) - 0.5) * (2 * noise)
+    pred = heads.eagle(ids[:, 1:], noisy, torch.arange(n)[None].expand(B, n), causal_mask(B, n, "cpu")[:, None])
+    w1 = weight[:, 1:]
+    reg = (F.smooth_l1_loss(pred, hidden[:, 1:], reduction="none").mean(-1) * w1).sum() / w1.sum().clamp(min=1)
+    e_logits = pred @ lm_head[train_rows].T
+    loss_e = reg + 0.1 * soft_ce(e_logits, target[:, 1:], w1)
+    acc_e = ((e_logits.argmax(-1) == target[:, 1:].argmax(-1)).float() * w1).sum() / w1.sum().clamp(min=1)
+    # EAGLE-3
+    draft_target = torch.softmax(hidden @ draft_rows.T, dim=-1)
+    loss_3, acc_3 = eagle3_ttt_loss(heads.eagle3, ids, aux, draft_target, weight, ttt_steps)
+    # Medusa: head k at row t proposes the token the target predicts at row t + 1 + k.
+    loss_m, acc_m = 0.0, []
+    rows = lm_head[train_rows]
+    for k, block in enumerate(heads.medusa):
+        m_logits = block(hidden) @ rows.T
+        tgt, w = shifted(target, 1 + k), shifted(weight, 1 + k)
+        loss_m = loss_m + (0.8 ** k) * soft_ce(m_logits, tgt, w)
+        acc_m.append((((m_logits.argmax(-1) == tgt.argmax(-1)).float() * w).sum() / w.sum().clamp(min=1)).item())
+    return (loss_e, loss_3, loss_m), (acc_e.item(), acc_3, acc_m)
+
+
+def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    D = heads.eagle3.lm_head.weight.shape[0]
+    heads.eagle.save_pretrained(out / "eagle", head_config(
+        base_cfg, architectures=["LlamaForCausalLM"], bias=True, specdec_score_temperature=SCORE_TEMPERATURE))
+    heads.eagle3.save_pretrained(out / "eagle3", head_config(
+        base_cfg, architectures=["LlamaForCausalLMEagle3"], bias=False, draft_vocab_size=D,
+        target_hidden_size=shape.hidden_size, specdec_score_temperature=SCORE_TEMPERATURE))
+    medusa_dir = out / "medusa"
+    medusa_dir.mkdir(parents=True, exist_ok=True)
+    state = {f"{k}.0.{name}": t.detach().to(torch.float16).contiguous()
+             for k, block in enumerate(heads.medusa) for name, t in block.state_dict().items()}
+    save_file(state, str(medusa_dir / "medusa_resblocks.safetensors"), metadata={"format": "pt"})
+    (medusa_dir / "config.json").write_text(json.dumps(dict(
+        medusa_num_heads=len(heads.medusa), medusa_num_layers=1, base_model_name_or_path="../base",
+        hidden_size=shape.hidden_size, vocab_size=shape.vocab_size), indent=2) + "\n")
+    for name in ("eagle", "eagle3", "medusa"):
+        (out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, type=Path)
+    ap.add_argument("--data", required=True, type=Path, nargs="+", help="self_distill.py JSONL files")
     ap.add_argument("--out", required=True, type=Path, help="writes eagle/, eagle3/, medusa/ under it")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--work", type=Path, default=Path(".cache/train/heads"), help="feature cache, state, snapshots")
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per step")
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ttt-steps", type=int, default=4)
+    ap.add_argument("--medusa-heads", type=int, default=4)
+    ap.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3's draft vocabulary")
+    ap.add_argument("--train-vocab", type=int, default=8192, help="tokens the EAGLE-1/Medusa losses rank over")
+    ap.add_argument("--noise", type=float, default=0.1, help="EAGLE-1 input-feature noise, uniform in ±noise")
+    ap.add_argument("--snapshots", default="", help="answer-token counts at which to save the EAGLE heads")
+    ap.add_argument("--save-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache", type=Path, default=Path(".cache/train"))
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.base)
-    train_files, _ = list_sources()
-    stream = cached_stream(tokenizer, train_files, args.cache, "train")
+    ds = load_dataset(args.data, args.max_len)
+    print(ds.overlap.summary(), flush=True)
+    fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.work / "features",
+                        log=lambda m: print(m, flush=True))
     base = LlamaModel.from_pretrained(args.base)
     for p in base.parameters():
         p.requires_grad_(False)
     base_cfg = json.loads((args.base / "config.json").read_text())
-    shape = base.shape
-    aux_layers = eagle3_feature_layers(shape.num_hidden_layers)
+    lm_head = base.lm_head.weight.detach()
+    train_rows = frequent_tokens(ds, ds.train, args.train_vocab)
+    draft_ids = frequent_tokens(ds, ds.train, args.draft_vocab)
+    print(f"train: {len(ds.train)} conversations, {fs.answer_tokens(ds.train)} answer tokens; holdout "
+          f"{len(ds.holdout)}; train vocabulary covers {coverage(ds, ds.holdout, train_rows):.3f} and the draft "
+          f"vocabulary {coverage(ds, ds.holdout, draft_ids):.3f} of held-out answer tokens", flush=True)
 
-    # EAGLE-1: one Llama layer; starts from the base's last layer.
-    eagle = EagleHead(LlamaShape.from_config(head_config(base_cfg)), fc_bias=True)
-    eagle.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight)
-    eagle.embed_tokens.weight.requires_grad_(False)
-    last = base.model.layers[-1]
-    for mine, theirs in ((eagle.layers[0].self_attn, last.self_attn), (eagle.layers[0].mlp, last.mlp)):
-        # the serving model also holds fused copies (qkv, gate_up): take the HF-named weights
-        mine.load_state_dict({k: v for k, v in theirs.state_dict().items() if k in mine.state_dict()})
-
-    # EAGLE-3: draft vocabulary = the most frequent training tokens.
-    counts = np.bincount(stream.astype(np.int64), minlength=shape.vocab_size)
-    draft_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[:DRAFT_VOCAB]))
-    eagle3 = Eagle3Head(LlamaShape.from_config(head_config(base_cfg)), DRAFT_VOCAB)
-    eagle3.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight)
-    eagle3.embed_tokens.weight.requires_grad_(False)
-    eagle3.d2t.copy_(draft_ids - torch.arange(DRAFT_VOCAB))
-    eagle3.t2d.zero_()
-    eagle3.t2d[draft_ids] = True
-    eagle3.lm_head.weight.data.copy_(base.lm_head.weight[draft_ids])
-
-    # Medusa: residual blocks start as identity, projections as the base lm_head.
-    medusa = MedusaHeads(shape.hidden_size, shape.vocab_size, MEDUSA_HEADS, 1)
-    for head in medusa:
-        head[0].linear.weight.data.zero_()
-        head[0].linear.bias.data.zero_()
-        head[1].weight.data.copy_(base.lm_head.weight)
-
-    modules = {"eagle": eagle, "eagle3": eagle3, "medusa": medusa}
-    opts = {k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=args.lr,
-                                 betas=(0.9, 0.95), weight_decay=0.0) for k, m in modules.items()}
-    sampler = BatchSampler(stream, args.seq_len, args.batch_size, args.seed + 1)
-    warmup = max(1, args.steps // 20)
+    heads = Heads(base, base_cfg, draft_ids, args.medusa_heads)
+    draft_rows = lm_head[draft_ids]  # the target's LM head over the draft vocabulary
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = [batches(ds, ds.train, args.batch_tokens, args.seed + e) for e in range(math.ceil(args.epochs))]
+    schedule = [g for e in per_epoch for g in e][: int(round(args.epochs * len(per_epoch[0])))]
+    total = len(schedule)
+    warmup = max(1, total // 20)
     gen = torch.Generator().manual_seed(args.seed)
+    snapshots = sorted(int(s) for s in args.snapshots.split(",") if s)
+    state_path = args.work / "state.pt"
+    step, seen = 0, 0
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        heads.load_state_dict(state["heads"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        step, seen = state["step"], state["seen"]
+        print(f"resumed at step {step}/{total}", flush=True)
     t0 = time.time()
-    B, T = args.batch_size, args.seq_len
-    for step in range(args.steps):
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
-        for opt in opts.values():
-            for g in opt.param_groups:
-                g["lr"] = lr
-        ids = torch.from_numpy(sampler.next()[:, :T])
-        feats, aux, logits = base_forward(base, ids, aux_layers)
-        probs = torch.softmax(logits, dim=-1)
-        n = T - 1
-        mask = causal_mask(B, n, "cpu")[:, None]
-
-        # EAGLE-1
-        noisy = feats[:, :n] + (torch.rand(feats[:, :n].shape, generator=gen) - 0.5) * 0.2
-        pred = eagle(ids[:, 1:], noisy, torch.arange(n)[None].expand(B, n), mask)
-        e_logits = base.lm_head(pred)
-        ones = torch.ones(B, n)
-        loss_e = F.smooth_l1_loss(pred, feats[:, 1:]) + 0.1 * soft_ce(e_logits, probs[:, 1:], ones)
-        acc_e = (e_logits.argmax(-1) == logits[:, 1:].argmax(-1)).float().mean().item()
-
-        # EAGLE-3
-        loss_3, acc_3 = eagle3_ttt_loss(eagle3, ids, aux, logits, args.ttt_steps)
-
-        # Medusa: head k at t predicts the base's distribution at row t + 1 + k.
-        m_logits = medusa(feats)  # [K, B, T, V]
-        loss_m, acc_m = 0.0, []
-        for k in range(MEDUSA_HEADS):
-            rows = T - 1 - k
-            valid = torch.ones(B, rows)
-            loss_m = loss_m + (0.8 ** k) * soft_ce(m_logits[k, :, :rows], probs[:, 1 + k :], valid)
-            acc_m.append((m_logits[k, :, :rows].argmax(-1) == logits[:, 1 + k :].argmax(-1)).float().mean().item())
-
-        for key, loss in (("eagle", loss_e), ("eagle3", loss_3), ("medusa", loss_m)):
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(modules[key].parameters(), 1.0)
-            opts[key].step()
-            opts[key].zero_grad(set_to_none=True)
-        if step % 10 == 0 or step == args.steps - 1:
+    while step < total:
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids, hidden, aux, weight = batch_tensors(fs, ds, schedule[step])
+        (loss_e, loss_3, loss_m), (acc_e, acc_3, acc_m) = losses(
+            heads, lm_head, train_rows, draft_rows, ids, hidden, aux, weight, args.ttt_steps, gen, args.noise)
+        (loss_e + loss_3 + loss_m).backward()
+        for module in (heads.eagle, heads.eagle3, heads.medusa):
+            torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad], 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        before, seen = seen, seen + int(weight.sum())
+        step += 1
+        for s in snapshots:
+            if before < s <= seen:
+                save_heads(heads, base_cfg, base.shape, args.work / "snapshots" / str(s), dict(answer_tokens=s))
+        if step % 5 == 0 or step == total:
             el = time.time() - t0
-            print(f"step {step}/{args.steps} eagle {loss_e.item():.3f} top1 {acc_e:.2f} | "
-                  f"eagle3 {loss_3.item():.3f} top1/step {[round(a, 2) for a in acc_3]} | "
-                  f"medusa {loss_m.item():.3f} top1/head {[round(a, 2) for a in acc_m]} | "
-                  f"{el:.0f}s ({el / (step + 1):.2f}s/step)", flush=True)
-
-    meta = dict(steps=args.steps, batch_size=B, seq_len=T, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps)
-    # specdec_score_temperature (not an upstream key): the EAGLE-2/3 ranking temperature
-    # these heads want, measured with tools/bench/eval_family.py (see config.py).
-    eagle.save_pretrained(args.out / "eagle", head_config(base_cfg, architectures=["LlamaForCausalLM"], bias=True,
-                                                          specdec_score_temperature=SCORE_TEMPERATURE))
-    eagle3.save_pretrained(args.out / "eagle3", head_config(
-        base_cfg, architectures=["LlamaForCausalLMEagle3"], bias=False, draft_vocab_size=DRAFT_VOCAB,
-        target_hidden_size=shape.hidden_size, specdec_score_temperature=SCORE_TEMPERATURE))
-    medusa.save_pretrained(args.out / "medusa", dict(
-        medusa_num_heads=MEDUSA_HEADS, medusa_num_layers=1, base_model_name_or_path="../base",
-        hidden_size=shape.hidden_size, vocab_size=shape.vocab_size))
-    for name in modules:
-        (args.out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print("saved", flush=True)
+            print(f"step {step}/{total} tokens {seen} | eagle {loss_e.item():.3f} top1 {acc_e:.2f} | eagle3 "
+                  f"{loss_3.item():.3f} top1/step {[round(a, 2) for a in acc_3]} | medusa {loss_m.item():.3f} "
+                  f"top1/head {[round(a, 2) for a in acc_m]} | {el / 60:.1f} min", flush=True)
+        if step % args.save_every == 0 or step == total:
+            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                        "step": step, "seen": seen}, state_path)
+    meta = dict(answer_tokens_seen=seen, conversations=len(ds.train), epochs=args.epochs, steps=total,
+                batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps,
+                draft_vocab=args.draft_vocab, train_vocab=args.train_vocab, noise=args.noise,
+                overlap=ds.overlap.summary())
+    save_heads(heads, base_cfg, base.shape, args.out, meta)
+    print(f"saved to {args.out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,126 @@
+"""The target's features on the training conversations, computed once and cached.
+
+Every drafter learns from the frozen target, and the target's forward is most of the
+cost of a training step on a CPU. So it runs once per conversation, and its outputs
+are kept on disk (float16, memory-mapped) for every epoch and every drafter:
+
+    hidden [N, H]   the final, post-norm hidden state (EAGLE-1's feature; the target's
+                    logits are `lm_head(hidden)`)
+    aux    [N, 3H]  the inputs of EAGLE-3's three feature layers (low, middle, high)
+    ids    [N]      the tokens
+
+N counts the tokens of all conversations back to back; `offsets[i]` is where
+conversation i starts and `prompt_lens[i]` how many of its tokens are the prompt
+(system + user turn + assistant prefix): losses are taken on the answer only.
+A rerun with the same conversations, target and batch layout reuses the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "backend_src"))
+from specdec.kv_cache import AttentionBatch  # noqa: E402
+from specdec.models.eagle3 import eagle3_feature_layers  # noqa: E402
+from specdec.models.layers import causal_mask  # noqa: E402
+from specdec.models.llama import LlamaModel  # noqa: E402
+
+TOKENS_PER_FORWARD = 4096  # a forward's padded batch x length: big matmuls, bounded memory
+
+
+@dataclass
+class FeatureSet:
+    ids: np.ndarray  # [N] int32
+    hidden: np.ndarray  # [N, H] float16 (memory-mapped)
+    aux: np.ndarray  # [N, 3H] float16 (memory-mapped)
+    offsets: np.ndarray  # [C + 1] int64: conversation c is tokens offsets[c]:offsets[c+1]
+    prompt_lens: np.ndarray  # [C] int64
+
+    @property
+    def num_conversations(self) -> int:
+        return len(self.prompt_lens)
+
+    def conversation(self, c: int) -> slice:
+        return slice(int(self.offsets[c]), int(self.offsets[c + 1]))
+
+    def answer_tokens(self, conversations=None) -> int:
+        cs = range(self.num_conversations) if conversations is None else conversations
+        return int(sum(self.offsets[c + 1] - self.offsets[c] - self.prompt_lens[c] for c in cs))
+
+
+def _key(conversations: list[list[int]], base_dir: Path) -> str:
+    digest = hashlib.sha256()
+    with (base_dir / "model.safetensors").open("rb") as f:  # the target's weights, not how they were made
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    for ids in conversations:
+        digest.update(np.asarray(ids, dtype=np.int32).tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()
+
+
+def base_forward(base: LlamaModel, ids: torch.Tensor, aux_layers) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] (right-padded) -> (hidden [B, T, H], aux [B, T, 3H]); causal, no cache reuse."""
+    B, T = ids.shape
+    cache = base.new_cache(B, T)
+    batch = AttentionBatch.build(torch.arange(B), torch.zeros(B, dtype=torch.long), causal_mask(B, T, ids.device))
+    with torch.no_grad():
+        return base(ids, torch.arange(T)[None].expand(B, T), cache, batch, aux_layers)
+
+
+def build_features(conversations: list[list[int]], prompt_lens: list[int], base_dir: Path, cache_dir: Path,
+                   log=print) -> FeatureSet:
+    """Computes (or reuses) the target's features for `conversations` in `cache_dir`."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = _key(conversations, base_dir)
+    meta_path = cache_dir / "meta.json"
+    offsets = np.zeros(len(conversations) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(c) for c in conversations])
+    N = int(offsets[-1])
+    base = LlamaModel.from_pretrained(base_dir)
+    H = base.shape.hidden_size
+    aux_layers = eagle3_feature_layers(base.shape.num_hidden_layers)
+    mode = "r+" if meta_path.is_file() and json.loads(meta_path.read_text()).get("key") == key else "w+"
+    hidden = np.lib.format.open_memmap(cache_dir / "hidden.npy", mode=mode, dtype=np.float16, shape=(N, H))
+    aux = np.lib.format.open_memmap(cache_dir / "aux.npy", mode=mode, dtype=np.float16, shape=(N, 3 * H))
+    done_path = cache_dir / "done.npy"
+    done = np.load(done_path) if mode == "r+" and done_path.is_file() else np.zeros(len(conversations), dtype=bool)
+    if mode == "w+":
+        meta_path.write_text(json.dumps({"key": key, "tokens": N, "conversations": len(conversations)}) + "\n")
+    order = sorted((i for i in range(len(conversations)) if not done[i]), key=lambda i: len(conversations[i]))
+    t0, computed = time.time(), 0
+    while order:
+        T = len(conversations[order[-1]])
+        group = [order.pop()]
+        while order and (len(group) + 1) * T <= TOKENS_PER_FORWARD:
+            group.append(order.pop())
+        ids = torch.zeros(len(group), T, dtype=torch.long)
+        for row, c in enumerate(group):
+            ids[row, : len(conversations[c])] = torch.tensor(conversations[c])
+        h, a = base_forward(base, ids, aux_layers)
+        for row, c in enumerate(group):
+            n = len(conversations[c])
+            hidden[offsets[c]: offsets[c] + n] = h[row, :n].to(torch.float16).numpy()
+            aux[offsets[c]: offsets[c] + n] = a[row, :n].to(torch.float16).numpy()
+            done[c] = True
+        computed += sum(len(conversations[c]) for c in group)
+        if computed and (time.time() - t0) > 0:
+            hidden.flush()
+            aux.flush()
+            np.save(done_path, done)
+            log(f"features: {int(done.sum())}/{len(conversations)} conversations, "
+                f"{computed / (time.time() - t0):.0f} tok/s")
+    hidden.flush()
+    aux.flush()
+    np.save(done_path, done)
+    ids_all = np.concatenate([np.asarray(c, dtype=np.int32) for c in conversations]) if conversations else \
+        np.zeros(0, dtype=np.int32)
+    return FeatureSet(ids_all, hidden, aux, offsets, np.asarray(prompt_lens, dtype=np.int64))

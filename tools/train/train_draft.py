@@ -1,0 +1,155 @@
+"""Trains the draft model: a small Llama that shares the target's tokenizer and embeddings.
+
+The draft model is the target's first `--layers` decoder layers, its final norm and its
+(tied) embeddings, then trained to match the target's next-token distribution on the
+self-distilled conversations (soft cross-entropy over the full vocabulary, on answer
+positions; the target's distribution comes from the cached features, `features.py`).
+The embeddings stay frozen: they are the target's, so setup can write them back
+(`tools/setup_model.py`) and the committed checkpoint holds only the layers and norm.
+
+Starting from the target's own layers rather than from random weights means the draft
+begins as an early exit of the target, which a few hundred thousand tokens on two CPU
+cores can sharpen; a model trained from scratch could not learn English on that budget.
+
+Seeded and resumable like `train_heads.py`.
+
+    python tools/train/train_draft.py --base .cache/smollm2/base --data .cache/data/self_distill.jsonl \
+        --out checkpoints/smollm2-135m-instruct/draft --work .cache/train/heads
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "backend_src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data import batches, load_dataset  # noqa: E402
+from features import build_features  # noqa: E402
+from specdec.kv_cache import AttentionBatch  # noqa: E402
+from specdec.models.layers import LlamaShape, causal_mask  # noqa: E402
+from specdec.models.llama import LlamaModel  # noqa: E402
+
+
+def draft_from_target(base: LlamaModel, base_cfg: dict, layers: int) -> tuple[LlamaModel, dict]:
+    cfg = dict(base_cfg, num_hidden_layers=layers, tie_word_embeddings=True, torch_dtype="float16")
+    draft = LlamaModel(LlamaShape.from_config(cfg))
+    state = {k: v for k, v in base.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    draft.load_state_dict({k: v for k, v in state.items() if k in draft.state_dict()}, strict=False)
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    return draft, cfg
+
+
+def save_draft(draft: LlamaModel, cfg: dict, out: Path, meta: dict) -> None:
+    """Hugging Face layout without the tied embeddings (setup adds the target's)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    keep = {k: v for k, v in draft.state_dict().items()
+            if k.startswith(("model.layers.", "model.norm.")) and k.endswith((".weight", ".bias"))}
+    state = {}
+    for k, v in keep.items():
+        parts = k.split(".")  # the engine also holds fused copies (qkv, gate_up): keep the HF-named weights
+        if parts[-2] in ("qkv", "gate_up"):
+            continue
+        state[k] = v.detach().to(torch.float16).contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = {k: v for k, v in cfg.items() if k != "torch_dtype"}
+    config.update(architectures=["LlamaForCausalLM"], torch_dtype="float16")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, type=Path)
+    ap.add_argument("--data", required=True, type=Path, nargs="+")
+    ap.add_argument("--out", required=True, type=Path, help="the draft model's directory")
+    ap.add_argument("--work", type=Path, default=Path(".cache/train/heads"),
+                    help="shares the feature cache with train_heads.py")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--save-every", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    torch.manual_seed(args.seed)
+    ds = load_dataset(args.data, args.max_len)
+    fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.work / "features",
+                        log=lambda m: print(m, flush=True))
+    base = LlamaModel.from_pretrained(args.base)
+    base_cfg = json.loads((args.base / "config.json").read_text())
+    lm_head = base.lm_head.weight.detach()
+    draft, cfg = draft_from_target(base, base_cfg, args.layers)
+    del base
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = [batches(ds, ds.train, args.batch_tokens, args.seed + 100 + e) for e in range(math.ceil(args.epochs))]
+    schedule = [g for e in per_epoch for g in e][: int(round(args.epochs * len(per_epoch[0])))]
+    total, warmup = len(schedule), max(1, len(schedule) // 20)
+    state_path = args.work / "draft_state.pt"
+    step, seen = 0, 0
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["opt"])
+        step, seen = state["step"], state["seen"]
+        print(f"resumed at step {step}/{total}", flush=True)
+    t0 = time.time()
+    while step < total:
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        group = schedule[step]
+        T, B = max(len(ds.conversations[c]) for c in group), len(group)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        answer = torch.zeros(B, T, dtype=torch.bool)  # rows whose next token is an answer token
+        for row, c in enumerate(group):
+            n = len(ds.conversations[c])
+            ids[row, :n] = torch.tensor(ds.conversations[c])
+            answer[row, ds.prompt_lens[c] - 1: n - 1] = True
+        # no KV cache (its in-place writes would break autograd): each layer attends over the
+        # forward's own tokens with the batch's causal mask
+        batch = AttentionBatch.build(torch.arange(B), torch.zeros(B, dtype=torch.long), causal_mask(B, T, "cpu"))
+        hidden, _ = draft(ids, torch.arange(T)[None].expand(B, T), None, batch)
+        rows = answer.nonzero(as_tuple=True)
+        logits = draft.logits(hidden[rows])  # [n, V]
+        target_hidden = torch.cat([torch.from_numpy(np.asarray(fs.hidden[fs.conversation(c)], dtype=np.float32))
+                                   [: len(ds.conversations[c])] for c in group])
+        flat = torch.cat([torch.arange(len(ds.conversations[c])) + row * T for row, c in enumerate(group)])
+        lookup = torch.full((B * T,), -1, dtype=torch.long)
+        lookup[flat] = torch.arange(len(flat))
+        target = torch.softmax(target_hidden[lookup[rows[0] * T + rows[1]]] @ lm_head.T, dim=-1)
+        loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        seen += len(rows[0])
+        step += 1
+        if step % 5 == 0 or step == total:
+            acc = (logits.argmax(-1) == target.argmax(-1)).float().mean().item()
+            print(f"step {step}/{total} tokens {seen} loss {loss.item():.3f} top1 {acc:.2f} | "
+                  f"{(time.time() - t0) / 60:.1f} min", flush=True)
+        if step % args.save_every == 0 or step == total:
+            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "seen": seen}, state_path)
+    save_draft(draft, cfg, args.out, dict(layers=args.layers, answer_tokens_seen=seen, conversations=len(ds.train),
+                                          epochs=args.epochs, steps=total, lr=args.lr, seed=args.seed,
+                                          initialised_from="the target's first layers, norm and embeddings"))
+    print(f"saved to {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
