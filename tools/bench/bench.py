@@ -40,7 +40,7 @@ token throughput = output tokens / wall time of the run; τ = tokens emitted per
 target forward (`AcceptanceStats`; prefill not counted); acceptance rate = accepted
 draft tokens / draft tokens sent to verification.
 
-    python tools/bench/bench.py --family checkpoints throughput --dataset ds.jsonl --method eagle2
+    python tools/bench/bench.py throughput --dataset ds.jsonl --method eagle2
     python tools/bench/bench.py latency --question-set ../shared/data/eagle_humaneval_question.jsonl \\
         --num-requests 20 --output-tokens 128 --compare none,eagle2,eagle3,medusa,draft_model,eagle,hf \\
         --report-json bench.json --plot bench.png
@@ -72,6 +72,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from dataset_converter import DatasetError, first_turns, read_question_set  # noqa: E402
+from family import FAMILY_DIR  # noqa: E402
 from prepare_dataset import read_samples  # noqa: E402
 from specdec.config import DTYPES, EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
@@ -106,6 +107,15 @@ class BenchRequest:
     output_tokens: int
 
 
+def encode_question(tokenizer, text: str, chat_template: str) -> list[int]:
+    """A question's prompt ids: in the tokenizer's chat template as a user turn
+    (`chat_template` "auto" when it has one, or "on"), else the raw text."""
+    if chat_template == "on" or (chat_template == "auto" and tokenizer.chat_template):
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                  add_generation_prompt=True, return_dict=False))
+    return tokenizer.encode(text)
+
+
 def load_requests(args: argparse.Namespace, tokenizer) -> list[BenchRequest]:
     """The first `--num-requests` requests of the dataset or question set."""
     _validate_that((args.dataset is None) != (args.question_set is None),
@@ -119,7 +129,8 @@ def load_requests(args: argparse.Namespace, tokenizer) -> list[BenchRequest]:
         else:
             _validate_that(args.output_tokens >= 1, f"--output-tokens must be >= 1, got {args.output_tokens}")
             for i, text in enumerate(first_turns(read_question_set(args.question_set))):
-                out.append(BenchRequest(i, tuple(tokenizer.encode(text)), args.output_tokens))
+                out.append(BenchRequest(i, tuple(encode_question(tokenizer, text, args.chat_template)),
+                                        args.output_tokens))
     except (DatasetError, FileNotFoundError) as e:
         raise BenchError(str(e)) from None
     if args.num_requests:
@@ -662,8 +673,9 @@ def plot_speedups(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default=str(REPO / "checkpoints"),
-                    help="model family: base/, draft/, eagle/, eagle3/, medusa/ (default: checkpoints)")
+    ap.add_argument("--family", default=str(FAMILY_DIR),
+                    help=f"model family: base/, draft/, eagle/, eagle3/, medusa/ (default: {FAMILY_DIR}, "
+                         f"the SmolLM2 family tools/setup_model.py assembles)")
     sub = ap.add_subparsers(dest="mode", required=True)
     for mode, help_text in (("throughput", "all requests at once, in-flight batching"),
                             ("latency", "one request at a time")):
@@ -672,6 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
         src.add_argument("--dataset", type=Path, help="trtllm-bench dataset (tools/data/prepare_dataset.py)")
         src.add_argument("--question-set", type=Path, help="EAGLE question.jsonl (first turn of each)")
         src.add_argument("--output-tokens", type=int, default=128, help="with --question-set: max_tokens")
+        src.add_argument("--chat-template", choices=("auto", "on", "off"), default="auto",
+                         help="with --question-set: each question as a user turn in the tokenizer's chat "
+                              "template (auto: when the tokenizer has one)")
         src.add_argument("--num-requests", type=int, default=0, help="first N requests (0: all)")
         src.add_argument("--warmup", type=int, default=2, help="untimed requests per configuration first")
         src.add_argument("--stop-at-eos", action="store_true",

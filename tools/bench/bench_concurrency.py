@@ -52,8 +52,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
-from bench import BenchError, _validate_that  # noqa: E402
+from bench import BenchError, _validate_that, encode_question  # noqa: E402
 from dataset_converter import DatasetError, first_turns, question_set_path, read_question_set  # noqa: E402
+from family import FAMILY_DIR  # noqa: E402
 
 HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 DEFAULT_CONFIGS = "plain,eagle2,eagle2-fixed"
@@ -101,7 +102,7 @@ def load_prompts(question_set: Path, tokenizer, max_tokens: int) -> list[list[in
     except DatasetError as e:
         raise BenchError(str(e)) from None
     _validate_that(len(texts) > 0, f"{question_set}: no questions")
-    return [tokenizer.encode(t)[:max_tokens] for t in texts]
+    return [encode_question(tokenizer, t, "auto")[:max_tokens] for t in texts]  # the chat template when it has one
 
 
 # ---------------------------------------------------------------- one request
@@ -394,8 +395,8 @@ def write_plots(path: Path, points: list[Point], configs: list[BenchConfig]) -> 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", type=Path, default=REPO / "checkpoints",
-                   help="folder with base/ and the drafters' folders (default checkpoints/)")
+    p.add_argument("--family", type=Path, default=FAMILY_DIR,
+                   help=f"folder with base/ and the drafters' folders (default {FAMILY_DIR})")
     p.add_argument("--tokenizer", type=Path, default=None, help="default: <family>/base")
     p.add_argument("--question-set", type=Path, default=HUMANEVAL, help=f"EAGLE question set (default {HUMANEVAL})")
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated (default {DEFAULT_CONFIGS})")

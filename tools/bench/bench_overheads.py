@@ -32,8 +32,9 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import torch  # noqa: E402
 
-from bench import machine_info  # noqa: E402
+from bench import encode_question, machine_info  # noqa: E402
 from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
+from family import FAMILY_DIR  # noqa: E402
 from specdec import engine as engine_module, policy as policy_module  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
@@ -125,7 +126,7 @@ def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", type=Path, default=REPO / "checkpoints")
+    p.add_argument("--family", type=Path, default=FAMILY_DIR)
     p.add_argument("--pairs", type=int, default=300, help="catch-up length (default 300)")
     p.add_argument("--iters", type=int, default=20, help="catch-up calls per variant (default 20)")
     p.add_argument("--batch", type=int, default=32, help="requests stepped together (default 32)")
@@ -137,7 +138,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.family / "base"), local_files_only=True)
     texts = first_turns(read_question_set(question_set_path("humaneval")))
-    prompts = [tokenizer(t).input_ids[:200] for t in texts]
+    prompts = [encode_question(tokenizer, t, "auto")[:200] for t in texts]
     prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
     engine = _engine(args.family, args.batch)
     report = dict(tool="tools/bench/bench_overheads.py", command=" ".join(["python", "tools/bench/bench_overheads.py",

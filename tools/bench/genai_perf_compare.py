@@ -11,7 +11,7 @@ It starts no server: each label points at one that is already running.
 
     # plain and EAGLE-2 servers side by side (or one port, --pause between labels,
     # or one label per call: tools/bench/genai_perf_run.sh starts each server in turn)
-    python tools/bench/genai_perf_compare.py profile --tokenizer checkpoints/base \\
+    python tools/bench/genai_perf_compare.py profile --tokenizer .cache/smollm2/base \\
         --label plain=localhost:8001 --label eagle2=localhost:9001 \\
         --input-file converted.jsonl --concurrency 1 --request-rate 2 \\
         --request-count 40 --warmup-request-count 2 --out-dir artifacts/compare
@@ -402,11 +402,14 @@ def profile(args: argparse.Namespace) -> dict[str, dict]:
     return results
 
 
-def provenance(argv: list[str], venv: Path) -> str:
-    """Command, client machine and date lines for a Markdown table (as tools/bench/bench.py writes)."""
-    genai_perf = venv / "bin" / "genai-perf"
-    version = subprocess.run([str(genai_perf), "--version"], capture_output=True, text=True,
-                             check=False).stdout.strip() if genai_perf.exists() else "genai-perf (not found)"
+def provenance(argv: list[str], venv: Path, script: str = "genai_perf_compare.py",
+               version: str | None = None) -> str:
+    """Command, client machine and date lines for a Markdown table (as tools/bench/bench.py writes);
+    `version` names the client (default: this venv's genai-perf)."""
+    if version is None:
+        genai_perf = venv / "bin" / "genai-perf"
+        version = subprocess.run([str(genai_perf), "--version"], capture_output=True, text=True,
+                                 check=False).stdout.strip() if genai_perf.exists() else "genai-perf (not found)"
     cpu = "unknown CPU"
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -415,7 +418,7 @@ def provenance(argv: list[str], venv: Path) -> str:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return (f"Command: `python tools/bench/genai_perf_compare.py {shlex.join(argv)}`  \n"
+    return (f"Command: `python tools/bench/{script} {shlex.join(argv)}`  \n"
             f"Client: {version} on {cpu} ({cores} usable cores)  \nDate: {date}")
 
 

@@ -41,7 +41,7 @@ for label in plain eagle2; do
         kill -0 "$SERVER" 2>/dev/null || { cat "$OUT/launch_$label.err" >&2; exit 1; }
         sleep 1
     done
-    $PY tools/bench/genai_perf_compare.py profile --label "$label" --tokenizer checkpoints/base \
+    $PY tools/bench/genai_perf_compare.py profile --label "$label" --tokenizer .cache/smollm2/base \
         --input-file "$OUT/prompts.jsonl" --output-tokens-mean "${OUTPUT_TOKENS:-128}" \
         --output-tokens-mean-deterministic \
         --concurrency 1 --request-count "${REQUESTS:-40}" --warmup-request-count 2 \

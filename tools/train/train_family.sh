@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Retrains the whole shipped model family, reproducibly (fixed seeds), into
-# checkpoints/ in the upstream layouts. CPU: about 1.5 hours on 2 cores; a GPU is
-# not needed. Training is not part of the test suite.
-#   bash tools/train/train_family.sh [OUT_DIR]     # default: checkpoints
+# Retrains every drafter of the default family (SmolLM2-135M-Instruct) from scratch,
+# reproducibly (fixed seeds), into checkpoints/smollm2-135m-instruct/ in the layouts
+# tools/setup_model.py completes. CPU, 2 cores: see the model card for what each step
+# cost. Each step resumes where it stopped when rerun. Training is not part of the tests.
+#   bash tools/train/train_family.sh [CONVERSATIONS]      # default 4000 self-distilled
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${1:-checkpoints}
 bash tools/setup_env.sh
 PY=.venv/bin/python
-mkdir -p .cache/train "$OUT"
-# 1. byte-level BPE tokenizer (vocab 2048, <unk> 0, <s> 1, </s> 2)
-$PY tools/train/train_tokenizer.py --out .cache/train/tokenizer --vocab-size 2048
-# 2. base model (12 layers, ~10 M parameters) and draft model (3 layers, ~0.9 M)
-$PY tools/train/train_lm.py --tokenizer .cache/train/tokenizer --base-out "$OUT/base" \
-    --draft-out "$OUT/draft" --steps 420 --batch-size 8 --seq-len 512 --lr 1e-3 --draft-lr 2e-3 --seed 0
-# 3. EAGLE-1/2 head, EAGLE-3 head and Medusa heads on the frozen base
-$PY tools/train/train_heads.py --base "$OUT/base" --out "$OUT" --steps 600 --batch-size 8 --seq-len 256 \
-    --lr 3e-3 --ttt-steps 4 --seed 0
-# 4. the report (perplexity, acceptance) and the model card's results
-$PY tools/bench/eval_family.py --family "$OUT" --model-card "$OUT/MODEL_CARD.md"
+BASE=.cache/smollm2/base
+OUT=checkpoints/smollm2-135m-instruct
+DATA=(.cache/data/self_distill.jsonl .cache/data/local_text.jsonl)
+# 1. data: conversations the target writes itself, and chat-shaped local documentation
+$PY tools/data/self_distill.py --model "$BASE" --out .cache/data/self_distill.jsonl \
+    --conversations "${1:-4000}" --batch-size 96 --max-answer-tokens 320 --seed 0
+$PY tools/data/local_text.py --tokenizer "$BASE" --out .cache/data/local_text.jsonl --seed 0
+# 2. EAGLE-1/2, EAGLE-3 and Medusa heads on the frozen target (features cached in .cache/train)
+$PY tools/train/train_heads.py --base "$BASE" --data "${DATA[@]}" --out "$OUT" --work .cache/train/heads \
+    --epochs 2 --snapshots 10000,20000,40000,80000,160000 --seed 0
+# 3. the draft model: the target's first two layers, distilled
+$PY tools/train/train_draft.py --base "$BASE" --data "${DATA[@]}" --out "$OUT/draft" --work .cache/train/heads \
+    --layers 2 --epochs 1 --seed 0

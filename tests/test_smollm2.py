@@ -1,0 +1,195 @@
+"""The promises on the real default model: SmolLM2-135M-Instruct and its trained drafters.
+
+- Speculative greedy output equals plain greedy output, token for token, for every
+  method and several trees, on prompts from all four EAGLE question sets with the chat
+  template applied. float64, so that a near-tie between two logits cannot flip an argmax
+  between the plain and the tree forward (they sum in different orders).
+- Speculative sampling reproduces the target's distribution (chi-square against the
+  exact marginal of the second generated token).
+- A seeded sampled request repeats itself; another seed does not.
+- The model answers in English (a guard against shipping a collapsed target).
+
+Needs the family that `tools/setup_model.py` assembles (`bash tools/setup_env.sh`, which
+the README's test command runs); skips without it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine_helpers import request, run_batch
+from specdec.config import EngineConfig
+from specdec.engine import Engine
+from specdec.kv_cache import AttentionBatch
+from specdec.models.layers import causal_mask
+from specdec.sampling import LogitsRow, probabilities, process_logits, sampling_tensors
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import family  # noqa: E402
+from dataset_converter import question_set_path  # noqa: E402
+
+NEW_TOKENS = 32
+QUESTION_SETS = ("humaneval", "mt_bench", "gsm8k", "alpaca")
+TREES = [
+    ("eagle", dict(choices="eagle_default_25")),
+    ("eagle", dict(choices="{0},{1},{0,0},{0,1},{0,0,0}")),
+    ("eagle2", dict(depth=5, top_k=8, total_tokens=16)),
+    ("eagle2", dict(depth=3, top_k=4, total_tokens=8)),
+    ("eagle3", dict(depth=5, top_k=8, total_tokens=16)),
+    ("eagle3", dict(depth=2, top_k=2, total_tokens=3)),
+    ("medusa", dict(choices="mc_sim_7b_63")),
+    ("medusa", dict(choices="[[0],[0,0],[1],[0,0,0]]")),
+    ("draft_model", dict(num_draft_tokens=2)),
+    ("draft_model", dict(num_draft_tokens=5)),
+]
+END_ID = 2  # <|im_end|>
+
+pytestmark = pytest.mark.skipif(
+    not all((d / "config.json").is_file() for d in (family.BASE_DIR, *family.DRAFTER_DIRS.values())),
+    reason=f"no complete SmolLM2 family in {family.FAMILY_DIR} (run bash tools/setup_env.sh)")
+
+
+def family_engine(**overrides) -> Engine:
+    kw = dict(base_model_dir=str(family.BASE_DIR), **{k: str(v) for k, v in family.DRAFTER_DIRS.items()},
+              speculative_method="eagle2", eagle_total_tokens=16, adaptive_speculation=False,
+              max_batch_size=4, max_seq_len=512)
+    kw.update(overrides)
+    return Engine(EngineConfig(**kw))
+
+
+def chat_prompts() -> list[list[int]]:
+    """The first question of each set, first turn, in the chat template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(family.BASE_DIR))
+    out = []
+    for name in QUESTION_SETS:
+        first = json.loads(question_set_path(name).read_text().splitlines()[0])["turns"][0]
+        out.append(list(tok.apply_chat_template([{"role": "user", "content": first}], tokenize=True,
+                                                add_generation_prompt=True, return_dict=False)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine64():
+    return family_engine(dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return chat_prompts()
+
+
+@pytest.fixture(scope="module")
+def plain(engine64, prompts):
+    reqs = [request(p, NEW_TOKENS, rid=f"p{i}", end_id=END_ID) for i, p in enumerate(prompts)]
+    outs = run_batch(engine64, reqs)
+    return [outs[f"p{i}"] for i in range(len(prompts))]
+
+
+def test_the_target_answers_in_english(plain):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(family.BASE_DIR))
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids in plain]
+    for text in texts:
+        words = text.split()
+        assert len(words) >= 8, text
+        assert len(set(words)) >= 0.5 * len(words), f"repetitive answer: {text!r}"
+
+
+@pytest.mark.parametrize("method,tree", TREES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TREES)])
+def test_speculative_greedy_equals_plain(engine64, prompts, plain, method, tree):
+    reqs = [request(p, NEW_TOKENS, method, rid=f"{method}{i}", end_id=END_ID, return_perf_metrics=True, **tree)
+            for i, p in enumerate(prompts)]
+    stats = {}
+    outs = {r.request_id: [] for r in reqs}
+    done = set()
+
+    def emitter(rid):
+        def emit(o):
+            outs[rid].extend(o.token_ids)
+            if o.finished:
+                assert o.finish_reason != "error", o.error
+                stats[rid] = o.stats
+                done.add(rid)
+        return emit
+
+    for r in reqs:
+        engine64.submit(r, emitter(r.request_id))
+    while len(done) < len(reqs):
+        engine64.step()
+    for i, ref in enumerate(plain):
+        out = outs[f"{method}{i}"]
+        assert out == ref, (f"{method} {tree} on {QUESTION_SETS[i]}: first difference at "
+                            f"{next((k for k, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))}")
+    emitted = sum(s.total_accepted_draft_tokens + s.target_forwards for s in stats.values())
+    forwards = sum(s.target_forwards for s in stats.values())
+    assert emitted / forwards > 1.2, f"{method} {tree}: tau {emitted / forwards:.2f}: the drafter barely helps"
+
+
+def test_every_method_in_one_batch_equals_plain(engine64, prompts, plain):
+    methods = ["eagle", "medusa", "draft_model", "eagle3"]
+    reqs = [request(p, NEW_TOKENS, m, rid=f"mixed{i}", end_id=END_ID) for i, (p, m) in enumerate(zip(prompts, methods))]
+    outs = run_batch(engine64, reqs)
+    for i, ref in enumerate(plain):
+        assert outs[f"mixed{i}"] == ref, methods[i]
+    assert engine64.slots.available == engine64.config.max_batch_size
+
+
+# -- sampling ----------------------------------------------------------------------------
+TEMPERATURE, TOP_K = 0.9, 8
+TRIALS = 600
+
+
+@pytest.fixture(scope="module")
+def engine32():
+    return family_engine(max_batch_size=16, max_queue_size=4096)
+
+
+def _next_probs(engine, ids: list[int], req) -> torch.Tensor:
+    """The target's processed next-token distribution after `ids` [V] (exact)."""
+    T = len(ids)
+    cache = engine.target.new_cache(1, T)
+    batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, T, "cpu"))
+    with torch.inference_mode():
+        hidden, _ = engine.target(torch.tensor([ids]), torch.arange(T)[None], cache, batch)
+        logits = engine.target.logits(hidden[:, -1:])
+    row = LogitsRow(req, ids, T - len(req.input_ids))
+    processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long))
+    return probabilities(processed, sampling_tensors([row], "cpu"))[0, 0]
+
+
+@pytest.mark.parametrize("method", ["eagle2", "draft_model"])
+def test_second_token_follows_the_target_distribution(engine32, method):
+    prompt = chat_prompts()[1]  # MT-bench: open-ended, so the second token has several likely values
+    proto = request(prompt, 3, method, temperature=TEMPERATURE, top_k=TOP_K)
+    p1 = _next_probs(engine32, prompt, proto)
+    marginal = torch.zeros_like(p1, dtype=torch.float64)
+    for t1 in (p1 > 1e-9).nonzero().flatten().tolist():
+        marginal += p1[t1].double() * _next_probs(engine32, prompt + [t1], proto).double()
+    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, top_k=TOP_K, seed=i)
+            for i in range(TRIALS)]
+    outs = run_batch(engine32, reqs)
+    counts = torch.bincount(torch.tensor([outs[f"s{i}"][1] for i in range(TRIALS)]), minlength=len(p1)).double()
+    expected = marginal * TRIALS
+    big = expected >= 5  # pool the bins expected below 5, as the chi-square approximation needs
+    obs = torch.cat((counts[big], counts[~big].sum()[None]))
+    exp = torch.cat((expected[big], expected[~big].sum()[None]))
+    keep = exp > 0
+    assert counts[~(marginal > 0)].sum() == 0, "a token the target cannot produce was emitted"
+    p = chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue
+    assert p > 1e-3, f"{method}: second-token distribution differs from the target's (p = {p:.2e})"
+
+
+def test_a_seeded_request_repeats(engine32):
+    prompt = chat_prompts()[3]
+    runs = [engine32.generate(request(prompt, 24, "eagle2", rid=f"seed{i}", temperature=0.8, seed=s))[0]
+            for i, s in enumerate((7, 7, 8))]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
