@@ -2,7 +2,7 @@
 """Throughput and latency against client concurrency: plain decoding vs EAGLE-2 with
 adaptive speculation on and off, measured side by side in one run.
 
-    python tools/bench/bench_concurrency.py --family checkpoints --report-json conc.json --plot conc.png
+    python tools/bench/bench_concurrency.py --report-json conc.json --plot conc.png
     python tools/bench/bench_concurrency.py --concurrency 1,4 --num-requests 8 --output-tokens 16   # a quick look
     python tools/bench/bench_concurrency.py --url localhost:8001 --eagle-total-tokens 16             # a running server
 

