@@ -10,10 +10,17 @@ from fill_template import TemplateError
 from conftest import ROOT
 
 
-def test_build_writes_four_complete_models(tmp_path):
-    values = build_model_repo.repo_values(ROOT / "checkpoints" / "base", method="none",
-                                          extra={"max_tokens_limit": "16"})
+@pytest.fixture
+def base(tmp_path):
+    """A base model directory (only its existence is checked while building)."""
+    (tmp_path / "base").mkdir()
+    return tmp_path / "base"
+
+
+def test_build_writes_every_model_both_entries_included(tmp_path, base):
+    values = build_model_repo.repo_values(base, method="none", extra={"max_tokens_limit": "16"})
     repo = build_model_repo.build(tmp_path / "repo", values)
+    assert {"ensemble", "tensorrt_llm_bls"} <= set(build_model_repo.MODELS)
     for model in build_model_repo.MODELS:
         text = (repo / model / "config.pbtxt").read_text()
         assert "${" not in text, model
@@ -21,26 +28,29 @@ def test_build_writes_four_complete_models(tmp_path):
     spec = (repo / "speculative_decoding" / "config.pbtxt").read_text()
     assert 'key: "max_tokens_limit" value: { string_value: "16" }' in spec
     assert "decoupled: true" in spec
+    bls = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    assert "decoupled: true" in bls and (repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
+    assert 'key: "tensorrt_llm_model_name" value: { string_value: "speculative_decoding" }' in bls
 
 
-def test_method_needing_a_missing_checkpoint_is_an_error(tmp_path):
+def test_method_needing_a_missing_checkpoint_is_an_error(tmp_path, base):
     with pytest.raises(TemplateError, match="--method medusa needs"):
-        build_model_repo.repo_values(ROOT / "checkpoints" / "base", method="medusa",
-                                     drafters={"medusa_dir": tmp_path / "nothing"})
+        build_model_repo.repo_values(base, method="medusa", drafters={"medusa_dir": tmp_path / "nothing"})
 
 
-def test_unknown_key_is_an_error(tmp_path):
-    values = build_model_repo.repo_values(ROOT / "checkpoints" / "base", method="none",
-                                          extra={"max_tokens_limt": "16"})
+def test_unknown_key_is_an_error(tmp_path, base):
+    values = build_model_repo.repo_values(base, method="none", extra={"max_tokens_limt": "16"})
     with pytest.raises(TemplateError, match="max_tokens_limt"):
         build_model_repo.build(tmp_path / "repo", values)
 
 
-def test_cli(tmp_path):
-    assert build_model_repo.main(["--out", str(tmp_path / "r"), "--method", "none", "--decoupled", "false",
-                                  "--set", "dtype:float32"]) == 0
-    assert "decoupled: false" in (tmp_path / "r" / "speculative_decoding" / "config.pbtxt").read_text()
-    assert build_model_repo.main(["--out", str(tmp_path / "r2"), "--set", "nonsense_key:1"]) == 1
+def test_cli(tmp_path, base):
+    assert build_model_repo.main(["--out", str(tmp_path / "r"), "--base", str(base), "--method", "none",
+                                  "--decoupled", "false", "--set", "dtype:float32"]) == 0
+    for model in ("speculative_decoding", "tensorrt_llm_bls"):
+        assert "decoupled: false" in (tmp_path / "r" / model / "config.pbtxt").read_text()
+    assert build_model_repo.main(["--out", str(tmp_path / "r2"), "--base", str(base),
+                                  "--set", "nonsense_key:1"]) == 1
 
 
 def test_launcher_refuses_world_size_above_one(tmp_path):

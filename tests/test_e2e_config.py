@@ -1,5 +1,5 @@
 """End to end: a broken model config fails that model's load with one clear message
-(the server keeps serving the rest), and the non-decoupled adapter and ensemble answer.
+(the server keeps serving the rest), and the non-decoupled adapter, ensemble and BLS answer.
 One server for the module, started with --exit-on-error=false."""
 from __future__ import annotations
 
@@ -45,7 +45,11 @@ def _edit(repo):
     (repo / "ensemble_sync" / "config.pbtxt").write_text(
         text.replace('name: "ensemble"', 'name: "ensemble_sync"').replace(
             'model_name: "speculative_decoding"', 'model_name: "speculative_decoding_sync"'))
-    for model in ("ensemble", "speculative_decoding"):
+    _copy_model(repo, "tensorrt_llm_bls", "tensorrt_llm_bls_sync", ("tensorrt_llm_model_name",
+                                                                    "speculative_decoding_sync"))
+    text = (repo / "tensorrt_llm_bls_sync" / "config.pbtxt").read_text()
+    (repo / "tensorrt_llm_bls_sync" / "config.pbtxt").write_text(text.replace("decoupled: true", "decoupled: false"))
+    for model in ("ensemble", "speculative_decoding", "tensorrt_llm_bls"):
         shutil.rmtree(repo / model)
 
 
@@ -67,8 +71,8 @@ def test_broken_configs_fail_their_load_with_one_clear_message(server):
         assert states[name]["state"] == "UNAVAILABLE", states[name]
         assert message in states[name]["reason"], states[name]
         assert message in log
-    assert states["speculative_decoding_sync"]["state"] == "READY"
-    assert states["ensemble_sync"]["state"] == "READY"
+    for name in ("speculative_decoding_sync", "ensemble_sync", "tensorrt_llm_bls_sync"):
+        assert states[name]["state"] == "READY", states[name]
 
 
 def test_non_decoupled_ensemble_generate(server):
@@ -78,6 +82,20 @@ def test_non_decoupled_ensemble_generate(server):
     r = requests.post(f"{url}/generate", json=body, timeout=120)
     assert r.status_code == 200 and r.json()["text_output"].startswith("What is ML?"), r.text
     r = requests.post(f"{url}/generate", json={**body, "stream": True}, timeout=120)
+    assert r.status_code == 400 and "decoupled" in r.json()["error"]
+
+
+def test_non_decoupled_bls_answers_as_the_ensemble(server):
+    body = {"text_input": "What is ML?", "max_tokens": 8, "return_log_probs": True}
+    answers = {}
+    for model in ("ensemble_sync", "tensorrt_llm_bls_sync"):
+        r = requests.post(f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        answers[model] = r.json()
+    for key in ("text_output", "cum_log_probs", "output_log_probs"):
+        assert answers["tensorrt_llm_bls_sync"][key] == answers["ensemble_sync"][key], key
+    r = requests.post(f"http://{server.http_url}/v2/models/tensorrt_llm_bls_sync/generate",
+                      json={**body, "stream": True}, timeout=120)
     assert r.status_code == 400 and "decoupled" in r.json()["error"]
 
 

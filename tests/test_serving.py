@@ -6,7 +6,8 @@ import pytest
 
 from specdec.errors import InputError
 from specdec.request import AcceptanceStats, StepOutput
-from specdec.serving import ResponseBuilder, ResponseOptions, build_request
+from specdec.serving import (BatchAnswer, ResponseBuilder, ResponseOptions, batch_rows, build_request,
+                             is_stop_request, refuse_batch, trtllm_sampling)
 from specdec.wordlist import to_word_list
 
 
@@ -57,9 +58,11 @@ def test_bad_inputs_name_the_field(extra, match):
 
 
 def test_engine_validation_names_fields():
-    req, _ = build_request("r", _getter(**{**BASE, "temperature": np.array([[-1.0]], np.float32)}))
-    with pytest.raises(InputError, match="temperature must be >= 0"):
+    req, _ = build_request("r", _getter(**{**BASE, "repetition_penalty": np.array([[0.0]], np.float32)}))
+    with pytest.raises(InputError, match="repetition_penalty must be > 0"):
         req.validate(vocab_size=100, max_context=64, max_tokens_limit=8)
+    with pytest.raises(InputError, match="temperature must be >= 0"):
+        build_request("r", _getter(**{**BASE, "temperature": np.array([[-1.0]], np.float32)}))
 
 
 def _step(tokens, finished=False, log_probs=None):
@@ -91,3 +94,119 @@ def test_cancelled_with_no_tokens_still_answers_final():
     b = ResponseBuilder([1], ResponseOptions(streaming=True, exclude_input_in_output=True))
     out = b.add(StepOutput("r", [], [], True, "cancelled"))
     assert out["is_final"][0, 0] and out["output_ids"].shape == (1, 1, 0)
+
+
+# -- TensorRT-LLM's conventions ---------------------------------------------------------------
+# inflight_batcher_llm_client.py's request for one prompt, as it sends it by default
+# (its --top-k 1, --top-p 0.0, --temperature 1.0, --beam-width 1; pad_id 50256 without a tokenizer).
+INFLIGHT_CLIENT = dict(
+    input_ids=np.array([[5, 6, 7]], np.int32), input_lengths=np.array([[3]], np.int32),
+    request_output_len=np.array([[16]], np.int32), beam_width=np.array([[1]], np.int32),
+    temperature=np.array([[1.0]], np.float32), streaming=np.array([[True]]),
+    end_id=np.array([[-1]], np.int32), pad_id=np.array([[50256]], np.int32),
+    runtime_top_k=np.array([[1]], np.int32), runtime_top_p=np.array([[0.0]], np.float32))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,expected", [
+    (None, None, None, (0.0, 0, 1.0)),  # nothing sent: greedy, as TensorRT-LLM
+    (1.0, 1, 0.0, (0.0, 0, 1.0)),  # the inflight client's defaults: top_k 1 is greedy
+    (0.8, None, None, (0.0, 0, 1.0)),  # top_k 0 and top_p 0 (unset) are greedy whatever the temperature
+    (0.8, 0, 0.0, (0.0, 0, 1.0)),
+    (0.8, 0, -0.5, (0.0, 0, 1.0)),  # top_p <= 0 is unset
+    (0.8, 1, 0.9, (0.0, 0, 1.0)),
+    (0.8, 40, 0.0, (0.8, 40, 1.0)),  # top-k sampling: TensorRT-LLM sets top_p to 1
+    (0.8, 40, None, (0.8, 40, 1.0)),
+    (0.8, 0, 0.9, (0.8, 0, 0.9)),  # top-p sampling
+    (None, 0, 0.9, (1.0, 0, 0.9)),  # temperature unset is 1
+    (0.8, 40, 0.9, (0.8, 40, 0.9)),
+    (0.0, 40, 0.9, (0.0, 0, 1.0)),  # temperature 0 is greedy
+])
+def test_sampling_follows_tensorrt_llm(temperature, top_k, top_p, expected):
+    assert trtllm_sampling(temperature, top_k, top_p) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("args,match", [((None, -1, None), "top_k must be >= 0"),
+                                        ((None, None, 1.5), r"top_p must be in \(0, 1\] \(0 or less means unset"),
+                                        ((-0.1, 1, None), "temperature must be >= 0")])
+def test_values_tensorrt_llm_refuses_are_refused(args, match):
+    with pytest.raises(InputError, match=match):
+        trtllm_sampling(*args)
+
+
+def test_the_inflight_clients_default_request_is_greedy_and_accepted():
+    req, opts = build_request("r", _getter(**INFLIGHT_CLIENT))
+    req.validate(vocab_size=49152, max_context=64, max_tokens_limit=16)  # pad_id 50256: unused, accepted
+    assert req.sampling.greedy and req.end_id is None and opts.streaming
+
+
+@pytest.mark.parametrize("extra,match", [
+    (dict(beam_width=np.array([[4]], np.int32)), "beam search is not supported"),
+    (dict(num_return_sequences=np.array([[2]], np.int32)), "num_return_sequences must be 1: one sequence"),
+    (dict(num_return_sequences=np.array([[0]], np.int32)), "num_return_sequences must be 1"),
+    (dict(return_context_logits=np.array([[True]])), "return_context_logits is not supported"),
+    (dict(return_generation_logits=np.array([[True]])), "return_generation_logits is not supported"),
+])
+def test_what_the_engine_cannot_do_is_refused_with_the_reason(extra, match):
+    with pytest.raises(InputError, match=match):
+        build_request("r", _getter(**{**INFLIGHT_CLIENT, **extra}))
+
+
+def test_their_defaults_are_accepted():
+    build_request("r", _getter(**INFLIGHT_CLIENT, num_return_sequences=np.array([[1]], np.int32),
+                               return_context_logits=np.array([[False]]),
+                               return_generation_logits=np.array([[False]]),
+                               return_log_probs=np.array([[True]]), return_perf_metrics=np.array([[True]])))
+
+
+def test_stop_requests_are_recognised():
+    # prepare_stop_signals(): input_ids [1, 1] (uninitialised), input_lengths 0, request_output_len 0
+    stop = dict(input_ids=np.empty((1, 1), np.int32), input_lengths=np.zeros((1, 1), np.int32),
+                request_output_len=np.zeros((1, 1), np.int32), stop=np.array([[True]]))
+    assert is_stop_request(_getter(**stop))
+    assert not is_stop_request(_getter(**INFLIGHT_CLIENT))
+    assert not is_stop_request(_getter(**{**INFLIGHT_CLIENT, "stop": np.array([[False]])}))
+
+
+def test_a_batch_becomes_one_request_per_entry():
+    batch = dict(input_ids=np.array([[5, 6, 7], [8, 9, 0]], np.int32), input_lengths=np.array([[3], [2]], np.int32),
+                 request_output_len=np.array([[4], [5]], np.int32), streaming=np.array([[True], [True]]))
+    rows = batch_rows(_getter(**batch))
+    built = [build_request(f"r{b}", get, batch_index=b) for b, get in enumerate(rows)]
+    assert [(r.input_ids, r.max_tokens, o.batch_index) for r, o in built] == [([5, 6, 7], 4, 0), ([8, 9], 5, 1)]
+    with pytest.raises(InputError, match="every input needs one row per entry"):
+        build_request("r", batch_rows(_getter(**{**batch, "temperature": np.array([[0.5]], np.float32)}))[1])
+    with pytest.raises(InputError, match="needs the model in decoupled mode"):
+        refuse_batch(2, decoupled=False)
+    assert len(batch_rows(_getter(**BASE))) == 1
+
+
+SCALARS = {"sequence_length": np.int32, "cum_log_probs": np.float32, "batch_index": np.int32,
+           "sequence_index": np.int32, "kv_cache_alloc_new_blocks": np.int32, "kv_cache_reused_blocks": np.int32,
+           "kv_cache_alloc_total_blocks": np.int32, "arrival_time_ns": np.int64,
+           "first_scheduled_time_ns": np.int64, "first_token_time_ns": np.int64, "last_token_time_ns": np.int64,
+           "acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32, "total_draft_tokens": np.int32}
+
+
+def test_responses_have_tensorrt_llms_shapes_and_a_stream_never_repeats_the_prompt():
+    b = ResponseBuilder([1, 2], ResponseOptions(streaming=True, exclude_input_in_output=False, batch_index=3))
+    first = b.add(StepOutput("r", [10, 11], [-1.0, -2.0], False, scheduled_ns=5))
+    last = b.add(StepOutput("r", [12], [-0.5], True, "length", scheduled_ns=5))
+    assert first["output_ids"].tolist() == [[[10, 11]]] and last["output_ids"].tolist() == [[[12]]]
+    for arrays in (first, last):
+        assert arrays["output_ids"].dtype == np.int32 and arrays["output_ids"].shape[:2] == (1, 1)
+        assert arrays["output_log_probs"].shape == (1, 1, arrays["sequence_length"][0, 0])
+        for name, dtype in SCALARS.items():
+            assert arrays[name].shape == (1, 1) and arrays[name].dtype == dtype, name
+    assert last["batch_index"][0, 0] == 3 and last["sequence_index"][0, 0] == 0
+    assert (last["first_scheduled_time_ns"][0, 0], last["kv_cache_alloc_new_blocks"][0, 0]) == (5, 1)
+    assert first["arrival_time_ns"][0, 0] <= first["first_token_time_ns"][0, 0] <= last["last_token_time_ns"][0, 0]
+    assert first["first_token_time_ns"][0, 0] == last["first_token_time_ns"][0, 0]
+
+
+def test_a_batch_answer_ends_with_its_last_entry():
+    answer = BatchAnswer([ResponseBuilder([1], ResponseOptions(streaming=True, batch_index=b)) for b in range(2)])
+    assert answer.add(1, StepOutput("r", [5], [], False))[1] is False
+    assert answer.add(1, StepOutput("r", [6], [], True, "length"))[1] is False
+    assert answer.add(0, StepOutput("r", [], [], False)) == (None, False)
+    arrays, last = answer.add(0, StepOutput("r", [7], [], True, "length"))
+    assert last and arrays["batch_index"][0, 0] == 0

@@ -5,12 +5,13 @@
     python3 tools/build_model_repo.py --out /tmp/repo --method eagle3 --decoupled false \\
         --set max_tokens_limit:256,device:cuda
 
-Copies `model_repository/{preprocessing,postprocessing,speculative_decoding,ensemble}`
-into `--out` and fills each template through `fill_template.fill_file`, so a bad key or
-a missing required value fails here, not at server start. Defaults are the default
-family that `tools/setup_model.py` assembles in `.cache/smollm2/` (`family.py`):
-SmolLM2-135M-Instruct and its drafters. Drafter directories that do not exist are left
-unset, and a `--method` that needs a missing one is an error. `--method auto` picks
+Copies the templates of `MODELS` (`model_repository/*`: the entries `ensemble` and
+`tensorrt_llm_bls` and the three models they call) into `--out` and fills each one
+through `fill_template.fill_file`, so a bad key or a missing required value fails
+here, not at server start. Defaults are the default family that
+`tools/setup_model.py` assembles in `.cache/smollm2/` (`family.py`): SmolLM2-135M-Instruct
+and its drafters. Drafter directories that do not exist are left unset, and a
+`--method` that needs a missing one is an error. `--method auto` picks
 eagle2 when the family has an EAGLE head, else plain decoding.
 """
 from __future__ import annotations
@@ -27,7 +28,9 @@ from fill_template import TemplateError, fill_file, parse_substitutions, placeho
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
-MODELS = ("preprocessing", "speculative_decoding", "postprocessing", "ensemble")
+# Two entries: `ensemble` (TensorRT-LLM's) and `tensorrt_llm_bls` (the same requests; a
+# client's cancellation reaches the engine), over the three models they call.
+MODELS = ("preprocessing", "speculative_decoding", "postprocessing", "ensemble", "tensorrt_llm_bls")
 DRAFTERS = DRAFTER_DIRS  # option / engine parameter → default checkpoint
 NEEDS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir",
          "medusa": "medusa_dir", "draft_model": "draft_model_dir"}
@@ -40,7 +43,7 @@ def _has_checkpoint(path: Optional[Path]) -> bool:
 def repo_values(base: Path, method: str = "auto", tokenizer_dir: Optional[Path] = None,
                 drafters: Optional[dict[str, Optional[Path]]] = None, decoupled: bool = True,
                 extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The substitutions for all four templates. Raises `TemplateError` for an unusable choice."""
+    """The substitutions for all the templates. Raises `TemplateError` for an unusable choice."""
     for name, path in (("--base", base), ("--tokenizer-dir", tokenizer_dir or base)):
         if not Path(path).is_dir():
             raise TemplateError(f"{name} {path} is not a directory")

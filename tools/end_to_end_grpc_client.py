@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Sends one prompt to the ensemble over gRPC and prints the text (TensorRT-LLM's client).
+"""Sends one prompt to the ensemble (or `tensorrt_llm_bls`) over gRPC and prints the text.
 
     python3 tools/end_to_end_grpc_client.py -p "What is ML?" -o 64 --streaming
     python3 tools/end_to_end_grpc_client.py -u localhost:8001 -p "Hi" --temperature 0.8 --seed 1
+    python3 tools/end_to_end_grpc_client.py -p "Hi" -o 500 --streaming --model-name tensorrt_llm_bls
 
-Always uses a gRPC stream (the model is decoupled); with `--streaming` the text is
-printed piece by piece as it arrives, otherwise once at the end. Exits 1 on an error.
+Always uses a gRPC stream (the models are decoupled); with `--streaming` the text is
+printed piece by piece as it arrives, otherwise once at the end. Answers have
+TensorRT-LLM's shapes: `text_output` is one string per response (`[1]`), the perf
+metrics `[1, 1]`; a stream never repeats the prompt, so `--include-input` prints it
+first. Ctrl-C cancels the request (on `tensorrt_llm_bls` that ends it in the engine
+too). Exits 1 on an error.
 """
 from __future__ import annotations
 
@@ -14,6 +19,10 @@ import queue
 import sys
 
 import numpy as np
+
+
+PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "arrival_time_ns",
+                "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
 
 
 def build_inputs(args) -> list:
@@ -54,14 +63,15 @@ def main(argv=None) -> int:
     p.add_argument("--stop-words", default="", help="comma-separated")
     p.add_argument("--bad-words", default="", help="comma-separated")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0: no top-k filtering; 1: greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="0: unset (TensorRT-LLM's convention)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--end-id", type=int, default=None)
     p.add_argument("--speculative-method", default=None, help="per-request override")
     p.add_argument("--include-input", action="store_true", help="print the prompt too")
     p.add_argument("--perf-metrics", action="store_true", help="print acceptance counters")
-    p.add_argument("--model-name", default="ensemble")
+    p.add_argument("--model-name", default="ensemble", choices=("ensemble", "tensorrt_llm_bls"),
+                   help="tensorrt_llm_bls: a cancelled request (Ctrl-C) also ends in the engine")
     args = p.parse_args(argv)
 
     import tritonclient.grpc as grpcclient
@@ -70,7 +80,9 @@ def main(argv=None) -> int:
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(args.url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    pieces, last = [], None
+    pieces, last, cancel = [], None, False
+    if args.streaming and args.include_input:
+        print(args.prompt, end="", flush=True)
     try:
         try:
             client.async_stream_infer(args.model_name, build_inputs(args), enable_empty_final_response=True)
@@ -81,22 +93,24 @@ def main(argv=None) -> int:
             if error is not None:
                 print(f"\nerror: {error}", file=sys.stderr)
                 return 1
-            text = result.as_numpy("text_output")
+            text = result.as_numpy("text_output")  # [1]: one string per response
             if text is not None:
-                piece = "".join(t.decode("utf-8") for t in text.reshape(-1))
-                pieces.append(piece)
+                pieces.append(text[0].decode("utf-8"))
                 last = result
                 if args.streaming:
-                    print(piece, end="", flush=True)
+                    print(pieces[-1], end="", flush=True)
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
+    except KeyboardInterrupt:
+        cancel = True
+        return 130
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=cancel)
         client.close()
     print("" if args.streaming else "".join(pieces))
     if args.perf_metrics and last is not None:
-        for name in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"):
-            print(f"{name}: {last.as_numpy(name).reshape(-1)[0]}", file=sys.stderr)
+        for name in PERF_OUTPUTS:
+            print(f"{name}: {last.as_numpy(name)[0][0]}", file=sys.stderr)  # [1, 1] each
     return 0
 
 

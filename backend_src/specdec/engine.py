@@ -72,6 +72,7 @@ class RequestState:
     adaptive: object = None  # the policy's running statistics (policy.AdaptiveState)
     cancelled: bool = False
     finished: bool = False
+    scheduled_ns: int = 0  # time.monotonic_ns() at admission (TensorRT-LLM's first_scheduled_time)
 
 
 @dataclass
@@ -274,7 +275,8 @@ class Engine:
             if seed is None:
                 seed = self._seeds.getrandbits(62)
             state = RequestState(req=req, emit=emit, slot=self.slots.take(), tokens=list(req.input_ids),
-                                 prompt_len=len(req.input_ids), rng=RequestRng(seed), settings=settings)
+                                 prompt_len=len(req.input_ids), rng=RequestRng(seed), settings=settings,
+                                 scheduled_ns=time.monotonic_ns())
             self._running.append(state)
             self.metrics.requests[settings.method] += 1
             newcomers.append(state)
@@ -510,7 +512,8 @@ class Engine:
         if reason is not None:
             self._finish(state, emitted, reason, log_probs=lps)
         else:
-            state.emit(StepOutput(state.req.request_id, emitted, lps, False, None, None, state.stats))
+            state.emit(StepOutput(state.req.request_id, emitted, lps, False, None, None, state.stats,
+                                  state.scheduled_ns))
 
     def _finish(self, state: RequestState, tokens: list[int], reason: str, error: Optional[str] = None,
                 log_probs: Optional[list[float]] = None) -> None:
@@ -522,5 +525,6 @@ class Engine:
         drafter = self.drafters.get(state.settings.method)
         if drafter is not None and state.draft is not None:
             drafter.release(state)
-        state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats))
+        state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats,
+                              state.scheduled_ns))
 

@@ -140,3 +140,4 @@ class StepOutput:
     finish_reason: Optional[str] = None  # "length" | "stop" | "end_id" | "cancelled" | "error"
     error: Optional[str] = None  # set when finish_reason == "error"
     stats: Optional[AcceptanceStats] = None  # cumulative, set on every output
+    scheduled_ns: int = 0  # time.monotonic_ns() when the request got its KV slot; 0 while it waits

@@ -1,26 +1,27 @@
 """Tensors ⇄ engine dataclasses for the `speculative_decoding` Triton adapter.
 
-Owns: building a validated `GenerationRequest` from a request's named input arrays
-(TensorRT-LLM's input names and their aliases), and turning the engine's
-`StepOutput`s back into the output arrays of one response, including the
-streaming-detokenization context (docs/DESIGN.md, "Streaming detokenization").
+Owns: building validated `GenerationRequest`s from a request's named input arrays
+(TensorRT-LLM's input names, aliases and value conventions, one engine request per
+batch entry), recognising TensorRT-LLM's `stop` requests, and turning the engine's
+`StepOutput`s back into the output arrays of each response, in the shapes
+TensorRT-LLM's `tensorrt_llm` model answers, plus the streaming-detokenization
+context (docs/DESIGN.md, "Streaming detokenization" and "TensorRT-LLM's conventions").
 Never imports Triton: the adapter passes `name -> numpy array or None` and sends the
 dicts this module returns; tests drive it directly.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from .detokenizer import CONTEXT_TOKENS
-from .errors import validate_that
+from .errors import InputError, validate_that
 from .request import GenerationRequest, SamplingParams, SpecParams, StepOutput
-from .tensors import scalar, token_ids
+from .tensors import Getter, row_getters, scalar, token_ids
 from .wordlist import from_word_list
-
-Getter = Callable[[str], Optional[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class ResponseOptions:
     """How a request's answers are shaped (the adapter's concern, not the engine's)."""
 
     streaming: bool = False
-    exclude_input_in_output: bool = False
+    exclude_input_in_output: bool = False  # not streaming only: a stream never repeats the prompt
+    batch_index: int = 0  # the entry's row in its Triton request (TensorRT-LLM's `batch_index`)
 
 
 def _first(get: Getter, names: tuple[str, ...], kind: str, default=None):
@@ -40,13 +42,77 @@ def _first(get: Getter, names: tuple[str, ...], kind: str, default=None):
     return default
 
 
-def build_request(request_id: str, get: Getter, exclude_input_default: bool = False
+def is_stop_request(get: Getter) -> bool:
+    """TensorRT-LLM's `stop` input: true asks to end every running request that has this
+    request's request_id; such a request carries nothing else worth reading."""
+    return _first(get, ("stop",), "bool", False)
+
+
+def batch_rows(get: Getter) -> list[Getter]:
+    """One getter per batch entry of a request (TensorRT-LLM's batch size > 1): `input_ids`
+    `[N, L]` makes N entries (`[L]`, with `max_batch_size: 0`, one)."""
+    ids = get("input_ids")
+    validate_that(ids is not None, "input_ids is required")
+    n = ids.shape[0] if ids.ndim == 2 else 1
+    validate_that(n >= 1, "input_ids holds no batch entry (shape [0, L])")
+    return row_getters(get, n)
+
+
+def trtllm_sampling(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float]
+                    ) -> tuple[float, int, float]:
+    """`(temperature, top_k, top_p)` for `SamplingParams` from TensorRT-LLM's request values
+    (None: not sent).
+
+    TensorRT-LLM's Triton backend treats a top_p of 0 or less as unset, an unset top_k
+    or top_p is 0 and an unset temperature 1; its sampling layers then decode:
+
+        top_k 0, top_p 0      greedy (they set top_k to 1)
+        top_k 1               greedy
+        top_k k > 1, top_p 0  top-k sampling (they set top_p to 1)
+        top_k 0, top_p p      top-p sampling
+        top_k k, top_p p      both
+
+    Temperature 0 is greedy here (TensorRT-LLM divides the logits by it plus 1e-6: an
+    argmax). A negative top_k or temperature and a top_p above 1 are refused, as
+    TensorRT-LLM's SamplingConfig checks refuse them.
+    """
+    validate_that(top_k is None or top_k >= 0, f"top_k must be >= 0 (0: no top-k filtering), got {top_k}")
+    validate_that(top_p is None or top_p <= 1.0,
+                  f"top_p must be in (0, 1] (0 or less means unset, TensorRT-LLM's convention), got {top_p}")
+    validate_that(temperature is None or temperature >= 0.0,
+                  f"temperature must be >= 0, got {temperature}")
+    k = top_k or 0
+    p = top_p if top_p is not None and top_p > 0.0 else 0.0
+    t = 1.0 if temperature is None else temperature
+    if t == 0.0 or k == 1 or (k == 0 and p == 0.0):
+        return 0.0, 0, 1.0
+    return t, k, p if p > 0.0 else 1.0
+
+
+def _refuse_unsupported(get: Getter) -> None:
+    """TensorRT-LLM options the engine has no equivalent for: their defaults are
+    accepted, anything else is refused with the reason."""
+    beam_width = _first(get, ("beam_width",), "int", 1)
+    validate_that(beam_width == 1, f"beam_width must be 1: beam search is not supported (speculative "
+                                   f"decoding verifies one sequence per request), got {beam_width}")
+    n = _first(get, ("num_return_sequences",), "int", 1)
+    validate_that(n == 1, f"num_return_sequences must be 1: one sequence is generated per request "
+                          f"(send the request {n} times, with different seeds, for {n} samples), got {n}")
+    for name in ("return_context_logits", "return_generation_logits"):
+        validate_that(not _first(get, (name,), "bool", False),
+                      f"{name} is not supported: the engine does not return logits "
+                      f"(return_log_probs gives each output token's log-probability)")
+    _first(get, ("len_penalty", "length_penalty"), "float")  # beam-search only: type-checked, unused
+
+
+def build_request(request_id: str, get: Getter, exclude_input_default: bool = False, batch_index: int = 0
                   ) -> tuple[GenerationRequest, ResponseOptions]:
-    """A `GenerationRequest` from TensorRT-LLM-named inputs; raises `InputError` naming the field.
+    """A `GenerationRequest` from one batch entry's TensorRT-LLM-named inputs; raises
+    `InputError` naming the field.
 
     Validation against the model (vocabulary, context, max_tokens limit) is the
-    engine's, in `Engine.submit`; here only types, shapes and what the engine cannot
-    express (beam search) are checked.
+    engine's, in `Engine.submit`; here only types, shapes, TensorRT-LLM's conventions
+    and what the engine cannot express (beam search, several sequences, logits).
     """
     ids = token_ids(get("input_ids"), "input_ids")
     length = _first(get, ("input_lengths",), "int", len(ids))
@@ -54,19 +120,18 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
     ids = ids[:length]
     validate_that(get("request_output_len") is not None, "request_output_len (max_tokens) is required")
     max_tokens = _first(get, ("request_output_len",), "int")
-    beam_width = _first(get, ("beam_width",), "int", 1)
-    validate_that(beam_width == 1, f"beam_width must be 1 (beam search is not supported), got {beam_width}")
-    _first(get, ("len_penalty", "length_penalty"), "float")  # beam-search only: type-checked, unused
+    _refuse_unsupported(get)
     end_id = _first(get, ("end_id",), "int")
-    pad_id = _first(get, ("pad_id",), "int")
+    _first(get, ("pad_id",), "int")  # nothing is padded (one sequence per response): type-checked, unused
     words = {}
     for name in ("stop_words_list", "bad_words_list"):
         array = get(name)
         words[name] = [] if array is None else from_word_list(array, name)
+    temperature, top_k, top_p = trtllm_sampling(_first(get, ("temperature",), "float"),
+                                                _first(get, ("runtime_top_k", "top_k"), "int"),
+                                                _first(get, ("runtime_top_p", "top_p"), "float"))
     sampling = SamplingParams(
-        temperature=_first(get, ("temperature",), "float", 0.0),
-        top_k=_first(get, ("runtime_top_k", "top_k"), "int", 0),
-        top_p=_first(get, ("runtime_top_p", "top_p"), "float", 1.0),
+        temperature=temperature, top_k=top_k, top_p=top_p,
         seed=_first(get, ("seed", "random_seed"), "int"),
         repetition_penalty=_first(get, ("repetition_penalty",), "float", 1.0),
         presence_penalty=_first(get, ("presence_penalty",), "float", 0.0),
@@ -84,7 +149,6 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
     request = GenerationRequest(
         request_id=request_id, input_ids=ids, max_tokens=max_tokens,
         end_id=None if end_id is None or end_id < 0 else end_id,  # -1: never stop on an end token
-        pad_id=None if pad_id is None or pad_id < 0 else pad_id,
         stop_words=words["stop_words_list"], bad_words=words["bad_words_list"],
         sampling=sampling, spec=spec,
         return_log_probs=_first(get, ("return_log_probs",), "bool", False),
@@ -93,56 +157,109 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
     options = ResponseOptions(
         streaming=_first(get, ("streaming", "stream"), "bool", False),
         exclude_input_in_output=_first(get, ("exclude_input_in_output",), "bool", exclude_input_default),
+        batch_index=batch_index,
     )
     return request, options
 
 
+def _one(value, dtype) -> np.ndarray:
+    """A per-response scalar output: `[1, 1]` (batch 1, one value), as TensorRT-LLM sends them."""
+    return np.array([[value]], dtype=dtype)
+
+
 @dataclass
 class ResponseBuilder:
-    """Turns one request's `StepOutput`s into response tensors (batch dim 1, beam 1).
+    """Turns one engine request's `StepOutput`s into response tensors (batch dim 1, beam 1).
 
-    Streaming: one response per step with new tokens (and always one for the final
-    step); `output_ids` holds the new tokens, preceded on the first response by the
-    prompt when the input is not excluded, so the streamed text concatenates to the
-    non-streamed `text_output`. Non-streaming: one response, on the final step, with
-    all tokens. `context_ids` holds up to `CONTEXT_TOKENS` tokens already sent before
-    `output_ids` (empty when not streaming), `is_final` marks the last response.
+    Streaming (as TensorRT-LLM's executor): one response per step with new tokens (and
+    always one for the final step); `output_ids` holds the new tokens only, never the
+    prompt, whatever `exclude_input_in_output` says. Not streaming: one response, on
+    the final step, with all tokens, the prompt first unless excluded. `context_ids`
+    holds up to `CONTEXT_TOKENS` tokens sent before `output_ids` (empty when not
+    streaming), `is_final` marks the entry's last response. The perf-metric outputs
+    (TensorRT-LLM's names) are on every response: times are `time.monotonic_ns()`
+    (TensorRT-LLM's steady clock), and the KV "blocks" are the engine's slots, one per
+    request, never reused.
     """
 
     prompt: list[int]
     options: ResponseOptions
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
     sent: list[int] = field(default_factory=list)  # tokens already in earlier responses
-    pending: list[int] = field(default_factory=list)  # non-streaming: tokens not yet sent
+    pending: list[int] = field(default_factory=list)  # tokens not yet sent
     pending_log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
-    first: bool = True
+    first_token_ns: int = 0
+    last_token_ns: int = 0
 
     def add(self, step: StepOutput) -> Optional[dict[str, np.ndarray]]:
         """The response arrays for this step, or None when nothing is to be sent yet."""
         assert step.error is None, "the adapter answers failed steps with an error response"
+        if step.token_ids:
+            self.last_token_ns = time.monotonic_ns()
+            self.first_token_ns = self.first_token_ns or self.last_token_ns
         self.cum_log_prob += float(sum(step.log_probs))
         self.pending.extend(step.token_ids)
         self.pending_log_probs.extend(step.log_probs)
         if not step.finished and (not self.options.streaming or not step.token_ids):
             return None
         new = list(self.pending)
-        if self.first and not self.options.exclude_input_in_output:
+        if not self.options.streaming and not self.options.exclude_input_in_output:
             new = self.prompt + new
         context = self.sent[max(0, len(self.sent) - CONTEXT_TOKENS):] if self.options.streaming else []
         stats = step.stats
+        scheduled = step.scheduled_ns > 0
         arrays = {
-            "output_ids": np.array([[new]], dtype=np.int32).reshape(1, 1, len(new)),
-            "sequence_length": np.array([[len(new)]], dtype=np.int32),
-            "context_ids": np.array([[context]], dtype=np.int32).reshape(1, 1, len(context)),
-            "is_final": np.array([[step.finished]], dtype=np.bool_),
-            "cum_log_probs": np.array([[self.cum_log_prob]], dtype=np.float32),
-            "output_log_probs": np.array([[self.pending_log_probs]], dtype=np.float32).reshape(
+            "output_ids": np.array(new, dtype=np.int32).reshape(1, 1, len(new)),
+            "sequence_length": _one(len(new), np.int32),
+            "context_ids": np.array(context, dtype=np.int32).reshape(1, 1, len(context)),
+            "is_final": _one(step.finished, np.bool_),
+            "cum_log_probs": _one(self.cum_log_prob, np.float32),
+            "output_log_probs": np.array(self.pending_log_probs, dtype=np.float32).reshape(
                 1, 1, len(self.pending_log_probs)),
-            "acceptance_rate": np.array([[stats.acceptance_rate if stats else 0.0]], dtype=np.float32),
-            "total_accepted_draft_tokens": np.array(
-                [[stats.total_accepted_draft_tokens if stats else 0]], dtype=np.int32),
-            "total_draft_tokens": np.array([[stats.total_draft_tokens if stats else 0]], dtype=np.int32),
+            "batch_index": _one(self.options.batch_index, np.int32),
+            "sequence_index": _one(0, np.int32),
+            "kv_cache_alloc_new_blocks": _one(int(scheduled), np.int32),
+            "kv_cache_reused_blocks": _one(0, np.int32),
+            "kv_cache_alloc_total_blocks": _one(int(scheduled), np.int32),
+            "arrival_time_ns": _one(self.arrival_ns, np.int64),
+            "first_scheduled_time_ns": _one(step.scheduled_ns, np.int64),
+            "first_token_time_ns": _one(self.first_token_ns, np.int64),
+            "last_token_time_ns": _one(self.last_token_ns, np.int64),
+            "acceptance_rate": _one(stats.acceptance_rate if stats else 0.0, np.float32),
+            "total_accepted_draft_tokens": _one(stats.total_accepted_draft_tokens if stats else 0, np.int32),
+            "total_draft_tokens": _one(stats.total_draft_tokens if stats else 0, np.int32),
         }
-        self.sent.extend(new)
-        self.pending, self.pending_log_probs, self.first = [], [], False
+        self.sent.extend(self.pending)
+        self.pending, self.pending_log_probs = [], []
         return arrays
+
+
+@dataclass
+class BatchAnswer:
+    """The answers of one Triton request, one `ResponseBuilder` per batch entry.
+
+    Each entry is its own engine request and sends its own responses, told apart by
+    `batch_index`; Triton's final flag goes with the response that ends the last
+    entry still running (TensorRT-LLM's backend does the same for batch size > 1).
+    """
+
+    builders: list[ResponseBuilder]
+    running: set[int] = field(default_factory=set)
+
+    def __post_init__(self):
+        self.running = set(range(len(self.builders)))
+
+    def add(self, row: int, step: StepOutput) -> tuple[Optional[dict[str, np.ndarray]], bool]:
+        """(the arrays to send or None, whether that response is the request's last)."""
+        arrays = self.builders[row].add(step)
+        if step.finished:
+            self.running.discard(row)
+        return arrays, arrays is not None and not self.running
+
+
+def refuse_batch(n: int, decoupled: bool) -> None:
+    """A batch of several entries needs a response per entry: decoupled mode only."""
+    if n > 1 and not decoupled:
+        raise InputError(f"a request with {n} batch entries needs the model in decoupled mode "
+                         f"(decoupled_mode:true): each entry is answered by its own responses")

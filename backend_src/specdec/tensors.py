@@ -1,14 +1,15 @@
 """Request tensors → Python values, with errors that name the field.
 
 Owns the checks every Triton adapter repeats: a tensor that should hold one number
-or one string per request, its type and shape. Works on numpy arrays only (the
+or one string per request, its type and shape, and splitting a request of several
+batch entries (TensorRT-LLM's batch size > 1) into one getter per entry. Works on numpy arrays only (the
 adapters pass `tensor.as_numpy()`), never imports Triton. With `max_batch_size > 0`
 a per-request scalar arrives as shape `[1, 1]`, with `max_batch_size: 0` as `[1]`;
 both are accepted.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -62,3 +63,27 @@ def strings(array: Optional[np.ndarray]) -> list[bytes]:
     if array is None:
         return []
     return [v if isinstance(v, bytes) else str(v).encode() for v in np.asarray(array).reshape(-1)]
+
+
+Getter = Callable[[str], Optional[np.ndarray]]
+
+
+def row_getters(get: Getter, n: int, field: Callable[[str], str] = str) -> list[Getter]:
+    """One getter per batch entry of a request of `n` entries: each gives every input's row
+    of that entry, `[1, ...]`, and refuses an input with another number of rows (named by
+    `field(input name)`). With `n == 1` the request's own getter is returned."""
+    if n == 1:
+        return [get]
+
+    def row_getter(row: int) -> Getter:
+        def get_row(name: str) -> Optional[np.ndarray]:
+            array = get(name)
+            if array is None:
+                return None
+            validate_that(array.ndim >= 1 and array.shape[0] == n,
+                          f"{field(name)} has shape {list(array.shape)}, but the request has {n} batch "
+                          f"entries and every input needs one row per entry")
+            return array[row:row + 1]
+        return get_row
+
+    return [row_getter(row) for row in range(n)]

@@ -7,13 +7,15 @@ detokenization"):
     TOKENS_BATCH [1, beam, T]   tokens of this response (streaming: only the new ones)
     SEQUENCE_LENGTH [1, beam]   how many of them are valid
     CONTEXT_IDS [1, beam, C]    streaming: up to 8 tokens emitted before them; else C = 0
-    IS_FINAL [1, 1]             the request's last response (flushes held-back text)
+    IS_FINAL [1, 1]             the entry's last response (flushes held-back text)
 
-and returns `OUTPUT` = decode(CONTEXT_IDS + tokens) minus decode(CONTEXT_IDS), holding
-back an incomplete UTF-8 character unless final. With no CONTEXT_IDS/IS_FINAL (a
-non-streamed response) this is the plain decode of the tokens. Log-prob and
-acceptance tensors pass through (zeros when absent) so every ensemble output leaves
-from this one step, as one response.
+and returns `OUTPUT` [beam] (one string per beam, batch and beams flattened, as
+TensorRT-LLM's postprocessing: the ensemble's `text_output` is `[1]`) =
+decode(CONTEXT_IDS + tokens) minus decode(CONTEXT_IDS), holding back an incomplete
+UTF-8 character unless final. With no CONTEXT_IDS/IS_FINAL (a non-streamed response)
+this is the plain decode of the tokens. The other outputs of `speculative_decoding`
+(log-probs, batch and sequence index, perf metrics) pass through (zeros when absent)
+so every ensemble output leaves from this one step, as one response.
 """
 from __future__ import annotations
 
@@ -34,12 +36,21 @@ from specdec.detokenizer import decode_delta
 from specdec.errors import InputError
 from specdec.model_config import flag, load_tokenizer
 
-_PASSTHROUGH = [  # (input, output, dtype, shape without batch when absent)
-    ("CUM_LOG_PROBS", "OUT_CUM_LOG_PROBS", np.float32, (1,)),
-    ("OUTPUT_LOG_PROBS", "OUT_OUTPUT_LOG_PROBS", np.float32, (1, 0)),
-    ("ACCEPTANCE_RATE", "OUT_ACCEPTANCE_RATE", np.float32, (1,)),
-    ("TOTAL_ACCEPTED_DRAFT_TOKENS", "OUT_TOTAL_ACCEPTED_DRAFT_TOKENS", np.int32, (1,)),
-    ("TOTAL_DRAFT_TOKENS", "OUT_TOTAL_DRAFT_TOKENS", np.int32, (1,)),
+_PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT_<input>
+    ("CUM_LOG_PROBS", np.float32, (1,)),
+    ("OUTPUT_LOG_PROBS", np.float32, (1, 0)),
+    ("ACCEPTANCE_RATE", np.float32, (1,)),
+    ("TOTAL_ACCEPTED_DRAFT_TOKENS", np.int32, (1,)),
+    ("TOTAL_DRAFT_TOKENS", np.int32, (1,)),
+    ("BATCH_INDEX", np.int32, (1,)),
+    ("SEQUENCE_INDEX", np.int32, (1,)),
+    ("KV_CACHE_ALLOC_NEW_BLOCKS", np.int32, (1,)),
+    ("KV_CACHE_REUSED_BLOCKS", np.int32, (1,)),
+    ("KV_CACHE_ALLOC_TOTAL_BLOCKS", np.int32, (1,)),
+    ("ARRIVAL_TIME_NS", np.int64, (1,)),
+    ("FIRST_SCHEDULED_TIME_NS", np.int64, (1,)),
+    ("FIRST_TOKEN_TIME_NS", np.int64, (1,)),
+    ("LAST_TOKEN_TIME_NS", np.int64, (1,)),
 ]
 
 
@@ -75,11 +86,11 @@ class TritonPythonModel:
             new = tokens[0, beam, :int(lengths[0, beam])].tolist()
             ctx = context[0, beam].tolist() if context is not None and context.shape[1] > beam else []
             texts.append(decode_delta(self._decode, ctx, new, final).encode("utf-8"))
-        outputs = [pb_utils.Tensor("OUTPUT", np.array([texts], dtype=np.object_))]
-        for name_in, name_out, dtype, shape in _PASSTHROUGH:
-            value = get(name_in)
+        outputs = [pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]
+        for name, dtype, shape in _PASSTHROUGH:
+            value = get(name)
             value = np.zeros((1,) + shape, dtype=dtype) if value is None else value.astype(dtype)
-            outputs.append(pb_utils.Tensor(name_out, value))
+            outputs.append(pb_utils.Tensor("OUT_" + name, value))
         return outputs
 
     def execute(self, requests):

@@ -1,8 +1,10 @@
 """Triton `preprocessing`: text → token ids, word strings → TensorRT-LLM word lists.
 
 Thin adapter: reads the tokenizer once; per request converts tensors and routes any
-`InputError` to a Triton INVALID_ARG error for that request only. The word-list
-format lives in `specdec.wordlist`, tested without Triton.
+`InputError` to a Triton INVALID_ARG error for that request only. A request of N
+batch entries (TensorRT-LLM's batch size > 1: `text_input` `[N, 1]`) gives `[N, ...]`
+outputs, token ids padded to the longest entry (REQUEST_INPUT_LEN says how many count).
+The word-list format lives in `specdec.wordlist`, tested without Triton.
 """
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.errors import InputError, validate_that
 from specdec.model_config import flag, load_tokenizer
-from specdec.tensors import scalar, strings
-from specdec.wordlist import encode_words, split_words, to_word_list
+from specdec.tensors import row_getters, scalar, strings
+from specdec.wordlist import encode_words, split_words, stack_word_lists, to_word_list
+
+_FIELDS = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+           "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"}  # the ensemble's names
 
 
 def _error(message: str):
@@ -43,30 +48,42 @@ class TritonPythonModel:
     def _encode_word(self, word: str) -> list[int]:
         return self.tokenizer.encode(word, add_special_tokens=False)
 
-    def _one(self, request) -> list:
-        def get(name):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
-
+    def _row(self, get) -> dict:
+        """One batch entry's outputs (unstacked)."""
         validate_that(get("QUERY") is not None, "text_input is required")
         validate_that(get("REQUEST_OUTPUT_LEN") is not None, "max_tokens is required")
         query = scalar(get("QUERY"), "text_input", "str")
         validate_that(query.strip() != "", "text_input must not be empty")
         max_tokens = scalar(get("REQUEST_OUTPUT_LEN"), "max_tokens", "int")
         validate_that(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
-        end_id = scalar(get("END_ID"), "end_id", "int", self.default_end_id)
-        pad_id = scalar(get("PAD_ID"), "pad_id", "int", self.default_pad_id)
         input_ids = self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
-        bad = to_word_list(encode_words(split_words(strings(get("BAD_WORDS_DICT"))), self._encode_word))
-        stop = to_word_list(encode_words(split_words(strings(get("STOP_WORDS_DICT"))), self._encode_word))
+        return {
+            "INPUT_ID": input_ids, "REQUEST_INPUT_LEN": len(input_ids), "REQUEST_OUTPUT_LEN": max_tokens,
+            "OUT_END_ID": scalar(get("END_ID"), "end_id", "int", self.default_end_id),
+            "OUT_PAD_ID": scalar(get("PAD_ID"), "pad_id", "int", self.default_pad_id),
+            "BAD_WORDS_IDS": to_word_list(encode_words(split_words(strings(get("BAD_WORDS_DICT"))),
+                                                       self._encode_word)),
+            "STOP_WORDS_IDS": to_word_list(encode_words(split_words(strings(get("STOP_WORDS_DICT"))),
+                                                        self._encode_word)),
+        }
 
-        def out(name, values):  # every output gets the batch dim of 1
-            return pb_utils.Tensor(name, np.asarray(values, dtype=np.int32)[None])
+    def _one(self, request) -> list:
+        def get(name):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
 
-        return [out("INPUT_ID", input_ids), out("REQUEST_INPUT_LEN", [len(input_ids)]),
-                out("BAD_WORDS_IDS", bad), out("STOP_WORDS_IDS", stop),
-                out("REQUEST_OUTPUT_LEN", [max_tokens]), out("OUT_END_ID", [end_id]),
-                out("OUT_PAD_ID", [pad_id])]
+        query = get("QUERY")
+        n = query.shape[0] if query is not None and query.ndim == 2 else 1
+        rows = [self._row(get_row) for get_row in row_getters(get, n, lambda name: _FIELDS.get(name, name))]
+        ids = np.zeros((n, max(len(r["INPUT_ID"]) for r in rows)), dtype=np.int32)  # padding: never read
+        for i, r in enumerate(rows):
+            ids[i, :len(r["INPUT_ID"])] = r["INPUT_ID"]
+        outputs = {"INPUT_ID": ids}
+        for name in ("REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "OUT_END_ID", "OUT_PAD_ID"):
+            outputs[name] = np.array([[r[name]] for r in rows], dtype=np.int32)  # [N, 1]
+        for name in ("BAD_WORDS_IDS", "STOP_WORDS_IDS"):
+            outputs[name] = stack_word_lists([r[name] for r in rows])  # [N, 2, L]
+        return [pb_utils.Tensor(name, value) for name, value in outputs.items()]
 
     def execute(self, requests):
         responses = []

@@ -1,14 +1,18 @@
 """Triton `speculative_decoding`: a thin adapter over `specdec.engine.Engine`.
 
 Owns only Triton plumbing: config parameters → `EngineConfig.from_params`, request
-tensors → `GenerationRequest` (via `specdec.serving`), engine `StepOutput`s →
-responses, errors → Triton errors, client cancellation → `Engine.cancel`.
+tensors → `GenerationRequest`s (via `specdec.serving`, one per batch entry), engine
+`StepOutput`s → responses, errors → Triton errors, client cancellation and
+TensorRT-LLM's `stop` requests → `Engine.cancel`.
 
 - Decoupled (`decoupled_mode:true`): `execute` submits and returns at once; each
   `emit` from the engine thread becomes one response on the request's sender, and
-  the last one carries the final flag — also when the request fails or is cancelled.
+  the response that ends the request's last batch entry carries the final flag —
+  also when the request fails or is cancelled.
 - Not decoupled: `execute` submits every request of the batch, then blocks until
-  all of them finished, and returns one response each.
+  all of them finished, and returns one response each (one batch entry each).
+- `stop: true` with a request_id ends every running request of that id (TensorRT-LLM's
+  `tensorrt_llm` model does the same) and is answered by an empty final response.
 `InputError` → INVALID_ARG (HTTP 400), `BusyError` (engine queue full) → UNAVAILABLE
 (HTTP 503); the model stays READY.
 - Metrics: the engine's per-method counters become Triton custom metrics on the
@@ -41,7 +45,8 @@ from specdec.errors import BusyError, InputError
 from specdec.metrics import COUNTERS, CounterExport, metric_labels
 from specdec.model_config import flag, is_decoupled, string_params
 from specdec.request import METHODS, StepOutput
-from specdec.serving import ResponseBuilder, build_request
+from specdec.serving import (BatchAnswer, ResponseBuilder, batch_rows, build_request, is_stop_request,
+                             refuse_batch)
 
 ADAPTER_PARAMS = ("exclude_input_in_output",)
 CANCEL_POLL_S = 0.2
@@ -59,17 +64,19 @@ def _response(arrays: dict[str, np.ndarray]):
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
-    """One request in flight."""
+    """One Triton request in flight; each of its batch entries is one engine request."""
 
-    builder: Optional[ResponseBuilder] = None  # set once the request's tensors parsed
+    triton_id: str  # the client's request_id: what a `stop` request names
     sender: Optional[object] = None  # decoupled: the request's response sender
+    engine_ids: list[str] = field(default_factory=list)
+    answer: Optional[BatchAnswer] = None  # set once the request's tensors parsed
     response: Optional[object] = None  # not decoupled: the one response, once finished
     done: threading.Event = field(default_factory=threading.Event)
     closed: bool = False  # the final response (or error) was sent or stored
-    # Held around every final send and every is_cancelled() poll: once the final flag
-    # is sent Triton frees the response factory, and polling it then crashes the server.
+    # Held around every send and every is_cancelled() poll: once the final flag is sent
+    # Triton frees the response factory, and polling it then crashes the server.
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -98,7 +105,8 @@ class TritonPythonModel:
                 self._counter(spec.field, method)
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._pending: dict[str, _Pending] = {}
+        self._entries: dict[str, tuple[_Pending, int]] = {}  # engine request id -> (request, batch row)
+        self._open: set[_Pending] = set()  # requests not yet answered in full
         self._stop = threading.Event()
         self._watcher = None
         if self.decoupled:
@@ -107,67 +115,109 @@ class TritonPythonModel:
             self._watcher.start()
 
     def execute(self, requests):
-        submitted = []
+        answered = []
         for request in requests:
             sender = request.get_response_sender() if self.decoupled else None
-            request_id = f"{next(self._ids)}:{request.request_id()}"
-            pending = self._submit(request, request_id, sender)
-            submitted.append(pending)
+            answered.append(self._handle(request, sender))
         if self.decoupled:
             return None
-        for pending in submitted:
+        for pending in answered:
             pending.done.wait()
-        return [p.response for p in submitted]
+        return [p.response for p in answered]
 
-    def _submit(self, request, request_id: str, sender) -> _Pending:
+    def _handle(self, request, sender) -> _Pending:
         def get(name):
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        pending = _Pending(sender=sender)
+        pending = _Pending(triton_id=request.request_id(), sender=sender)
         try:
-            gen, options = build_request(request_id, get, self.exclude_input_default)
-            if options.streaming and not self.decoupled:
-                raise InputError("stream=true needs the model in decoupled mode (decoupled_mode:true)")
-            pending.builder = ResponseBuilder(prompt=list(gen.input_ids), options=options)
-            with self._lock:
-                self._pending[request_id] = pending
-            self.engine.submit(gen, lambda step: self._emit(request_id, step))
+            if is_stop_request(get):
+                self._stop_requests(pending)
+            else:
+                self._submit(pending, get)
         except InputError as e:
-            self._fail(request_id, pending, _error(str(e)))
+            self._fail(pending, _error(str(e)))
         except BusyError as e:
-            self._fail(request_id, pending, _error(str(e), "UNAVAILABLE"))
+            self._fail(pending, _error(str(e), "UNAVAILABLE"))
         except Exception as e:  # the engine refused for another reason
-            self._fail(request_id, pending, _error(f"request failed: {e}", "INTERNAL"))
+            self._fail(pending, _error(f"request failed: {e}", "INTERNAL"))
         return pending
 
-    def _emit(self, request_id: str, step: StepOutput) -> None:
+    def _submit(self, pending: _Pending, get) -> None:
+        rows = batch_rows(get)
+        refuse_batch(len(rows), self.decoupled)
+        n = next(self._ids)
+        built, builders = [], []
+        for row, get_row in enumerate(rows):
+            engine_id = f"{n}.{row}:{pending.triton_id}" if len(rows) > 1 else f"{n}:{pending.triton_id}"
+            gen, options = build_request(engine_id, get_row, self.exclude_input_default, batch_index=row)
+            if options.streaming and not self.decoupled:
+                raise InputError("stream=true needs the model in decoupled mode (decoupled_mode:true)")
+            built.append(gen)
+            builders.append(ResponseBuilder(prompt=list(gen.input_ids), options=options))
+        pending.answer = BatchAnswer(builders)
+        with self._lock:
+            for row, gen in enumerate(built):
+                pending.engine_ids.append(gen.request_id)
+                self._entries[gen.request_id] = (pending, row)
+            self._open.add(pending)
+        try:
+            for gen in built:
+                self.engine.submit(gen, lambda step, rid=gen.request_id: self._emit(rid, step))
+        except Exception:
+            self._cancel(pending)  # entries already submitted end at the engine's next step
+            raise
+
+    def _stop_requests(self, pending: _Pending) -> None:
+        """TensorRT-LLM's stop request: ends every running request with this request_id
+        and answers with an empty final response (also when none is running any more)."""
+        if not pending.triton_id:
+            raise InputError("stop: true needs the request_id of the request to stop (none was sent)")
+        with self._lock:
+            targets = [p for p in self._open if p.triton_id == pending.triton_id]
+        for target in targets:
+            self._cancel(target)
+        with pending.send_lock:
+            pending.closed = True
+            if self.decoupled:
+                pending.sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+            else:
+                pending.response = pb_utils.InferenceResponse(output_tensors=[])
+            pending.done.set()
+
+    def _cancel(self, pending: _Pending) -> None:
+        for engine_id in pending.engine_ids:
+            self.engine.cancel(engine_id)
+
+    def _emit(self, engine_id: str, step: StepOutput) -> None:
         """Called from the engine thread; must never raise into it."""
         self._export_metrics(step.finished)
         with self._lock:
-            pending = self._pending.get(request_id)
-        if pending is None:  # already answered (failed or closed)
+            entry = self._entries.get(engine_id)
+        if entry is None:  # already answered (failed or closed)
             return
+        pending, row = entry
         try:
             if step.error is not None or step.finish_reason == "error":
-                self._fail(request_id, pending, _error(step.error or "generation failed", "INTERNAL"))
+                self._cancel(pending)  # the request's other entries
+                self._fail(pending, _error(step.error or "generation failed", "INTERNAL"))
                 return
-            arrays = pending.builder.add(step)
+            arrays, last = pending.answer.add(row, step)
             if arrays is None:
                 return
             with pending.send_lock:
-                if step.finished and not self._close(request_id, pending):
+                if pending.closed or (last and not self._close(pending)):
                     return
                 if self.decoupled:
-                    pending.sender.send(_response(arrays), flags=FINAL if step.finished else 0)
-                elif step.finished:
+                    pending.sender.send(_response(arrays), flags=FINAL if last else 0)
+                elif last:
                     pending.response = _response(arrays)
                     pending.done.set()
         except Exception as e:  # a send on a closed stream, a bug: end the request, keep the engine
-            self.logger.log_error(f"speculative_decoding: request {request_id}: {e!r}")
-            if not step.finished:
-                self.engine.cancel(request_id)  # nobody will read the rest
-            self._fail(request_id, pending, _error(f"internal error: {e}", "INTERNAL"), force=True)
+            self.logger.log_error(f"speculative_decoding: request {engine_id}: {e!r}")
+            self._cancel(pending)  # nobody will read the rest
+            self._fail(pending, _error(f"internal error: {e}", "INTERNAL"), force=True)
 
     def _export_metrics(self, final: bool) -> None:
         if not self._export.due(final):
@@ -184,42 +234,41 @@ class TritonPythonModel:
             self._counters[key] = self._families[field].Metric(labels=metric_labels(*self._labels, method))
         return self._counters[key]
 
-    def _close(self, request_id: str, pending: _Pending) -> bool:
+    def _close(self, pending: _Pending) -> bool:
         """Marks the request answered; False when it already was."""
         with self._lock:
-            self._pending.pop(request_id, None)
+            for engine_id in pending.engine_ids:
+                self._entries.pop(engine_id, None)
+            self._open.discard(pending)
             if pending.closed:
                 return False
             pending.closed = True
             return True
 
-    def _fail(self, request_id: str, pending: _Pending, error, force: bool = False) -> None:
+    def _fail(self, pending: _Pending, error, force: bool = False) -> None:
         """Ends a request with an error (with the final flag when decoupled). `force`: also
         when it was marked answered but the final send itself failed."""
         with pending.send_lock:
-            if not self._close(request_id, pending) and not force:
+            if not self._close(pending) and not force:
                 return
-            self._send_error(request_id, pending, error)
-
-    def _send_error(self, request_id: str, pending: _Pending, error) -> None:
-        if self.decoupled:
-            try:
-                pending.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
-            except Exception as e:  # already closed: nothing more can be said to the client
-                self.logger.log_warn(f"speculative_decoding: request {request_id}: {e!r}")
-        else:
-            pending.response = pb_utils.InferenceResponse(output_tensors=[], error=error)
-        pending.done.set()
+            if self.decoupled:
+                try:
+                    pending.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
+                except Exception as e:  # already closed: nothing more can be said to the client
+                    self.logger.log_warn(f"speculative_decoding: request {pending.triton_id!r}: {e!r}")
+            else:
+                pending.response = pb_utils.InferenceResponse(output_tensors=[], error=error)
+            pending.done.set()
 
     def _watch_cancellation(self) -> None:
         """Polls the senders of requests in flight; a cancelled one is cancelled in the engine
-        (which still emits a final, cancelled StepOutput that closes the stream)."""
-        cancelled: set[str] = set()
+        (which still emits a final, cancelled StepOutput per entry that closes the stream)."""
+        cancelled: set[_Pending] = set()
         while not self._stop.wait(CANCEL_POLL_S):
             with self._lock:
-                items = list(self._pending.items())
-            for request_id, pending in items:
-                if request_id in cancelled:
+                pendings = list(self._open)
+            for pending in pendings:
+                if pending in cancelled:
                     continue
                 try:
                     with pending.send_lock:
@@ -229,9 +278,9 @@ class TritonPythonModel:
                 except Exception:
                     continue
                 if is_cancelled:
-                    cancelled.add(request_id)
-                    self.engine.cancel(request_id)
-            cancelled &= {rid for rid, _ in items}
+                    cancelled.add(pending)
+                    self._cancel(pending)
+            cancelled &= set(pendings)
 
     def finalize(self):
         self._stop.set()
@@ -239,8 +288,8 @@ class TritonPythonModel:
             self._watcher.join(timeout=2)
         self.engine.shutdown()
         with self._lock:
-            left = list(self._pending.items())
-        for request_id, pending in left:
-            self._fail(request_id, pending, _error("the model is shutting down", "INTERNAL"))
+            left = list(self._open)
+        for pending in left:
+            self._fail(pending, _error("the model is shutting down", "INTERNAL"))
         self._counters.clear()  # Triton requires metrics to go before their families
         self._families.clear()
