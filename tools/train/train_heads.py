@@ -143,13 +143,25 @@ class Heads(torch.nn.Module):
     def __init__(self, base: LlamaModel, base_cfg: dict, draft_ids: torch.Tensor, medusa_heads: int):
         super().__init__()
         shape = LlamaShape.from_config(head_config(base_cfg))
-        # EAGLE-1: one Llama layer (no input norm), starting from the target's last layer.
+        # EAGLE-1: one Llama layer (no input norm). It starts as "the next feature is this
+        # feature": fc passes the feature half through, and the layer (the target's last,
+        # for its attention and MLP shapes of the target's features) adds nothing yet, its
+        # output projections zeroed. Copied whole, the target's last layer turns fc's output
+        # into activations ~30x the features' scale, which the regression spends most of
+        # a short training undoing.
+        H = shape.hidden_size
         self.eagle = EagleHead(shape, fc_bias=True)
         self.eagle.embed_tokens.weight.data.copy_(base.model.embed_tokens.weight)
         self.eagle.embed_tokens.weight.requires_grad_(False)
         last = base.model.layers[-1]
-        for mine, theirs in ((self.eagle.layers[0].self_attn, last.self_attn), (self.eagle.layers[0].mlp, last.mlp)):
+        layer = self.eagle.layers[0]
+        for mine, theirs in ((layer.self_attn, last.self_attn), (layer.mlp, last.mlp)):
             mine.load_state_dict({k: v for k, v in theirs.state_dict().items() if k in mine.state_dict()})
+        layer.self_attn.o_proj.weight.data.zero_()
+        layer.mlp.down_proj.weight.data.zero_()
+        self.eagle.fc.weight.data.zero_()
+        self.eagle.fc.weight.data[:, H:] = torch.eye(H)  # fc input: [embedding (H); feature (H)]
+        self.eagle.fc.bias.data.zero_()
         # EAGLE-3: the draft vocabulary is the most frequent answer tokens.
         D = len(draft_ids)
         self.eagle3 = Eagle3Head(shape, D)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every CPU benchmark of the default family whose results docs/benchmarks.md, the README
+# and the model card quote, into docs/bench/ (each output records its own command line,
+# machine and date). Run it on an otherwise idle machine; stages can be named to rerun
+# only those.
+#   bash tools/bench/cpu_family.sh [latency] [family] [concurrency] [genai-perf]
+#
+# latency      tools/bench/bench.py latency --compare: every method, plain decoding and the
+#              transformers references (generate, assisted generation with the draft
+#              model, prompt lookup) side by side, on the first $QUESTIONS questions of
+#              each EAGLE set (first turn, chat template), up to 128 new tokens stopping at
+#              the end of the turn, batch 1, temperature 0, adaptive speculation off
+# family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
+# concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 adaptive vs EAGLE-2 with a
+#              fixed tree at 1-32 concurrent requests
+# genai-perf   tools/bench/genai_perf_run.sh: GenAI-Perf at concurrency 1 against the served
+#              ensemble, plain and EAGLE-2
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+DATA=${SPECDEC_DATA_DIR:-../shared/data}
+QUESTIONS=${QUESTIONS:-5}
+OUT=docs/bench
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(latency family concurrency genai-perf)
+mkdir -p "$OUT"
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    latency)
+      for set in humaneval mt_bench gsm8k alpaca; do
+        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+          --compare none,eagle2,eagle3,eagle,medusa,draft_model,hf,hf-assisted,hf-prompt-lookup \
+          --report-json "$OUT/latency_$set.json" --markdown "$OUT/latency_$set.md" --plot "$OUT/latency_$set.png"
+      done
+      $PY tools/bench/bench.py plot-speedups "$OUT"/latency_{humaneval,mt_bench,gsm8k,alpaca}.json \
+        --plot "$OUT/speedup.png" ;;
+    family)
+      $PY tools/bench/eval_family.py --json "$OUT/family.json" \
+        --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
+    concurrency)
+      $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
+        --concurrency 1,2,4,8,16,32 --num-requests 32 --output-tokens 48 --eagle-total-tokens 16 \
+        --report-json "$OUT/concurrency.json" --plot "$OUT/concurrency.png" ;;
+    genai-perf)  # its repositories, logs and artifacts stay in .cache; the comparison comes here
+      REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf
+      cp .cache/genai_perf/comparison.json "$OUT/genai_perf.json"
+      cp .cache/genai_perf/comparison.md "$OUT/genai_perf.md" ;;
+    *) echo "unknown stage $stage (latency, family, concurrency, genai-perf)" >&2; exit 2 ;;
+  esac
+done
