@@ -17,7 +17,8 @@ SMOKE = ["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", 
 
 def test_tiny_cpu_run_reports_every_number(tmp_path, capsys):
     path = tmp_path / "step.json"
-    assert bench_gpu_step.main([*SMOKE, "--report-json", str(path)]) == 0
+    report = latency_report(tmp_path / "latency.json", [("eagle2", 16, 2.5)])
+    assert bench_gpu_step.main([*SMOKE, "--report-json", str(path), "--family-report", report]) == 0
     out = capsys.readouterr().out
     assert "plain decode step" in out and "implied speedup" in out
 
@@ -37,7 +38,7 @@ def test_tiny_cpu_run_reports_every_number(tmp_path, capsys):
         assert t["step_ms"] == pytest.approx(t["draft_ms"] + t["verify_ms"])
         assert t["step_graph_ms"] == pytest.approx(t["draft_ms"] + t["verify_graph_ms"])
         assert t["graph_width"] == {16: 16, 32: 32, 60: 64}[t["total_tokens"]]
-        assert t["tau_total_tokens"] == 16  # the family report's only EAGLE-2 tree size
+        assert t["tau_total_tokens"] == 16 and t["tau"] == 2.5  # the report's only EAGLE-2 tree size
     assert all(isinstance(v, (int, float)) and v > 0 for v in positive), positive
     for name in ("plain_over_bound", "eagle2_60_over_plain", "plain_graph_over_bound",
                  "eagle2_60_graph_over_plain_graph"):
@@ -45,17 +46,24 @@ def test_tiny_cpu_run_reports_every_number(tmp_path, capsys):
         assert target["value"] > 0 and target["limit"] > 0 and isinstance(target["met"], bool)
 
 
+def latency_report(path, runs) -> str:
+    """A `tools/bench/bench.py latency --report-json` file with these (label, total_tokens, tau) runs."""
+    path.write_text(json.dumps({"runs": [
+        {"label": label, "tree": f"dynamic depth=5 top_k=8 total_tokens={total}", "summary": {"tau": tau}}
+        for label, total, tau in runs]}))
+    return str(path)
+
+
 def test_family_tau_picks_the_closest_tree_size(tmp_path):
-    def row(method, total, forwards, emitted):
-        return {"method": method, "tree": f"dynamic: depth 5, top_k 8, total_tokens {total} (incl. root)",
-                "sets": {"a": {"tau": emitted / forwards, "target_forwards": forwards, "emitted_tokens": emitted}}}
-    report = tmp_path / "family.json"
-    report.write_text(json.dumps({"acceptance": {"rows": [
-        row("eagle2", 16, 10, 30), row("eagle2", 48, 10, 50), row("eagle3", 60, 10, 90)]}}))
-    assert bench_gpu_step.family_tau(report, 16)["tau"] == 3.0
-    assert bench_gpu_step.family_tau(report, 60)["tau"] == 5.0  # EAGLE-3's row is not EAGLE-2's
-    assert bench_gpu_step.family_tau(report, 32)["total_tokens"] == 16  # a tie goes to the smaller tree
-    assert bench_gpu_step.family_tau(tmp_path / "missing.json", 16) is None
+    a = latency_report(tmp_path / "latency_a.json", [("none", 1, 1.0), ("eagle2", 16, 3.0), ("eagle2", 48, 5.0),
+                                                     ("eagle3", 60, 9.0)])
+    b = latency_report(tmp_path / "latency_b.json", [("eagle2", 16, 2.0)])
+    reports = [tmp_path / "latency_a.json", tmp_path / "latency_b.json"]
+    assert a and b
+    assert bench_gpu_step.family_tau(reports, 16)["tau"] == 2.5  # averaged over the sets
+    assert bench_gpu_step.family_tau(reports, 60)["tau"] == 5.0  # EAGLE-3's run is not EAGLE-2's
+    assert bench_gpu_step.family_tau(reports, 32)["total_tokens"] == 16  # a tie goes to the smaller tree
+    assert bench_gpu_step.family_tau([tmp_path / "missing.json"], 16) is None
 
 
 @pytest.mark.parametrize("argv, message", [

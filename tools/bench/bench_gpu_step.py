@@ -27,7 +27,7 @@ over `--iters` calls after `--warmup`; on a GPU synchronised before and after ea
   padded to the next power of two: 60 -> 64 tokens). The draft is not graphed. On CPU
   the same padded static forward runs without capture.
 - implied speedup = τ × plain step / (draft + verify), τ = the EAGLE-2 τ of
-  `--family-report` at the total_tokens closest to N (pooled over its question sets),
+  `--family-report` (bench.py latency reports) at the total_tokens closest to N (averaged over the sets),
   or `--tau` when given.
 
 Targets: plain step <= 1.3 × the bandwidth bound; EAGLE-2 step (60 tokens) <= 1.6 ×
@@ -78,7 +78,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 PLAIN_LIMIT = 1.3  # plain step / bandwidth bound
 EAGLE_LIMIT = 1.6  # EAGLE-2 step (60 tokens) / plain step
 EAGLE_LIMIT_TOKENS = 60
-DEFAULT_REPORT = REPO / "docs" / "model_family_report.json"
+DEFAULT_REPORTS = [REPO / "docs" / "bench" / f"latency_{name}.json" for name in ("humaneval", "mt_bench", "gsm8k", "alpaca")]
 
 
 # ---------------------------------------------------------------- timing
@@ -133,27 +133,27 @@ def kv_read_bytes(config: dict, keys: int, dtype: torch.dtype) -> int:
 # ---------------------------------------------------------------- τ of the family
 
 
-def family_tau(report_path: Path, total_tokens: int) -> Optional[dict]:
-    """EAGLE-2's τ in `tools/bench/eval_family.py`'s JSON report at the total_tokens closest to
-    `total_tokens` (ties: the smaller), pooled over the question sets (emitted tokens /
-    target forwards); None when the report or an EAGLE-2 row is missing."""
-    try:
-        rows = json.loads(report_path.read_text())["acceptance"]["rows"]
-    except (OSError, ValueError, KeyError, TypeError):
+def family_tau(report_paths: list[Path], total_tokens: int) -> Optional[dict]:
+    """EAGLE-2's τ in `tools/bench/bench.py` latency reports (`--report-json`, one per
+    question set) at the total_tokens closest to `total_tokens` (ties: the smaller),
+    averaged over the sets; None when no report has an EAGLE-2 run."""
+    by_size: dict[int, dict[str, float]] = {}
+    for path in report_paths:
+        try:
+            runs = json.loads(Path(path).read_text())["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for run in runs:
+            match = re.search(r"total_tokens=(\d+)", str(run.get("tree", "")))
+            tau = (run.get("summary") or {}).get("tau")
+            if run.get("label") == "eagle2" and match and tau:
+                by_size.setdefault(int(match.group(1)), {})[Path(path).stem] = tau
+    if not by_size:
         return None
-    found = []
-    for row in rows:
-        match = re.search(r"total_tokens (\d+)", str(row.get("tree", "")))
-        sets = row.get("sets") or {}
-        forwards = sum(s.get("target_forwards", 0) for s in sets.values())
-        if row.get("method") == "eagle2" and match and forwards > 0:
-            emitted = sum(s.get("emitted_tokens", 0) for s in sets.values())
-            found.append(dict(tau=emitted / forwards, total_tokens=int(match.group(1)),
-                              sets={k: s.get("tau") for k, s in sets.items()},
-                              source=str(report_path)))
-    if not found:
-        return None
-    return min(found, key=lambda r: (abs(r["total_tokens"] - total_tokens), r["total_tokens"]))
+    size = min(by_size, key=lambda n: (abs(n - total_tokens), n))
+    sets = by_size[size]
+    return dict(tau=sum(sets.values()) / len(sets), total_tokens=size, sets=sets,
+                source=", ".join(str(p) for p in report_paths))
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -373,8 +373,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict]:
     p.add_argument("--top-k", type=int, default=10, help="EAGLE-2 frontier width (default 10)")
     p.add_argument("--tau", type=float, default=None,
                    help="τ for the implied speedup (default: EAGLE-2's τ in --family-report)")
-    p.add_argument("--family-report", type=Path, default=DEFAULT_REPORT,
-                   help="tools/bench/eval_family.py JSON to read τ from (default docs/model_family_report.json)")
+    p.add_argument("--family-report", type=Path, nargs="+", default=DEFAULT_REPORTS,
+                   help="tools/bench/bench.py latency --report-json files to read τ from "
+                        "(default docs/bench/latency_*.json)")
     p.add_argument("--copy-mib", type=int, default=None,
                    help="copy size for the bandwidth (default 1024 on cuda, 64 on cpu)")
     p.add_argument("--seed", type=int, default=0)
@@ -419,7 +420,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict]:
     for n in args.trees:
         found = None if args.tau is not None else family_tau(args.family_report, n)
         if found is None and args.tau is None:
-            p.error(f"no EAGLE-2 τ in {str(args.family_report)!r}; give one with --tau")
+            p.error(f"no EAGLE-2 τ in {[str(p) for p in args.family_report]}; give one with --tau")
         taus[n] = found or dict(tau=args.tau, total_tokens=None, sets=None, source="--tau")
     return args, taus
 

@@ -30,7 +30,7 @@ for stage in "${stages[@]}"; do
     latency)
       for set in humaneval mt_bench gsm8k alpaca; do
         $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
-          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --eagle-total-tokens 16 \
           --compare none,eagle2,eagle3,eagle,medusa,draft_model,hf,hf-assisted,hf-prompt-lookup \
           --report-json "$OUT/latency_$set.json" --markdown "$OUT/latency_$set.md" --plot "$OUT/latency_$set.png"
       done
