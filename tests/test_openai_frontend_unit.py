@@ -208,8 +208,9 @@ class ScriptedClient:
     def __init__(self, script):
         self.script, self.streams, self.requests = script, [], []
 
-    def stream(self, target, arrays, request_id):
+    def stream(self, target, arrays, request_id, outputs):
         self.requests.append(arrays)
+        self.outputs = outputs
         stream = self.script(arrays)
         self.streams.append(stream)
         return stream

@@ -11,7 +11,8 @@ one device.
 With `--openai_port N` the OpenAI-compatible front door (`tools/openai_frontend`)
 runs beside the server on port N, talking to it over gRPC; it is stopped with the
 server, and if it fails the server is stopped too. Its API key comes from
-$SPECDEC_API_KEY; other options go through `--openai_args`.
+$SPECDEC_API_KEY; other options go through `--openai_args`, and tritonserver's own
+(e.g. its restricted-API options, docs/DESIGN.md) through `--tritonserver_args`.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--exit_timeout_secs", type=int, default=30)
     p.add_argument("--openai_port", type=int, default=0,
                    help="also serve the OpenAI API on this port (0: off; tools/serve.sh uses 9000)")
+    p.add_argument("--tritonserver_args", default="",
+                   help="more tritonserver options, e.g. \"--grpc-address 127.0.0.1 --http-address 127.0.0.1\"")
     p.add_argument("--openai_args", default="",
                    help="more front door options, e.g. \"--served-model-name smollm2 --host 127.0.0.1\"")
     args = p.parse_args(argv)
@@ -54,7 +57,7 @@ def main(argv=None) -> int:
     server = TritonServer(args.model_repo.resolve(), http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, log_path=args.log_file,
                           exit_timeout_s=args.exit_timeout_secs,
-                          extra_args=("--log-verbose=1",) if args.log else ())
+                          extra_args=(("--log-verbose=1",) if args.log else ()) + tuple(shlex.split(args.tritonserver_args)))
     print(" ".join(server.command()), file=sys.stderr)
     server.start()
     frontend = None

@@ -27,7 +27,7 @@ from .protocol import CHAT, Generation, OpenAIError, bad_field
 from .responses import Shapes, TokenLogProb, usage
 from .stops import StopMatcher
 from .tokenization import Tokenizer
-from .triton_grpc import TEXT, TOKENS, Piece, ServerFacts, TargetModel, build_inputs, csv_word
+from .triton_grpc import TEXT, TOKENS, Piece, ServerFacts, TargetModel, build_inputs, csv_word, wanted_outputs
 
 OWNER = "specdec-triton"
 
@@ -39,6 +39,7 @@ class Call:
     gen: Generation
     target: TargetModel
     arrays: dict
+    outputs: list[str]  # what Triton sends back
     prompt_tokens: int
     max_tokens: int
     shapes: Shapes
@@ -169,7 +170,7 @@ class Frontend:
             values["exclude_input_in_output"] = True
         arrays = build_inputs(target, values)
         shapes = Shapes(gen.endpoint, gen.model, logprobs=gen.logprobs, include_usage=gen.include_usage)
-        return Call(gen, target, arrays, len(ids), max_tokens, shapes)
+        return Call(gen, target, arrays, wanted_outputs(target, gen.logprobs), len(ids), max_tokens, shapes)
 
     def _token_models(self) -> list[str]:
         return [n for n in self.names if self.targets[n].kind == TOKENS]
@@ -179,7 +180,7 @@ class Frontend:
         call = self.prepare(gen)
         out = Output(call, self.tokenizer, self.max_context)
         entries: list[TokenLogProb] = []
-        stream = self.client.stream(call.target, call.arrays, call.shapes.id)
+        stream = self.client.stream(call.target, call.arrays, call.shapes.id, call.outputs)
         try:
             async for piece in stream:
                 entries += out.add(piece)[1]
@@ -195,7 +196,7 @@ class Frontend:
         call = self.prepare(gen)
         out = Output(call, self.tokenizer, self.max_context)
         shapes = call.shapes
-        stream = self.client.stream(call.target, call.arrays, shapes.id)
+        stream = self.client.stream(call.target, call.arrays, shapes.id, call.outputs)
         first = True
         try:
             async for piece in stream:

@@ -133,6 +133,15 @@ def build_inputs(target: TargetModel, values: dict[str, Any]) -> dict[str, np.nd
     return arrays
 
 
+def wanted_outputs(target: TargetModel, log_probs: bool) -> list[str]:
+    """The outputs a generation reads: Triton then sends only these (an ensemble declares
+    many more, and every streamed response would carry them all)."""
+    names = ["text_output"] if target.kind == TEXT else ["output_ids", "sequence_length"]
+    if log_probs:
+        names.append("output_log_probs")
+    return [n for n in names if n in target.outputs]
+
+
 def response_piece(target: TargetModel, get, final: bool) -> Piece:
     """A `Piece` from one response; `get(name)` returns an output array or None."""
     log_probs = get("output_log_probs")
@@ -174,7 +183,7 @@ class TritonStream:
     """
 
     def __init__(self, client, target: TargetModel, arrays: dict[str, np.ndarray], request_id: str,
-                 headers: Optional[dict[str, str]] = None):
+                 outputs: Sequence[str], headers: Optional[dict[str, str]] = None):
         import tritonclient.grpc.aio as grpcaio
 
         inputs = []
@@ -183,6 +192,7 @@ class TritonStream:
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         request = {"model_name": target.name, "inputs": inputs, "request_id": request_id,
+                   "outputs": [grpcaio.InferRequestedOutput(name) for name in outputs] or None,
                    # every response then says whether it is the last one
                    "parameters": {"triton_enable_empty_final_response": True}}
         self.target = target
@@ -285,8 +295,10 @@ class TritonClient:
                             max_tokens_limit=number("max_tokens_limit"), max_seq_len=number("max_seq_len"))
         return targets, facts
 
-    def stream(self, target: TargetModel, arrays: dict[str, np.ndarray], request_id: str) -> TritonStream:
-        return TritonStream(self._client, target, arrays, request_id, self.headers)
+    def stream(self, target: TargetModel, arrays: dict[str, np.ndarray], request_id: str,
+               outputs: Sequence[str] = ()) -> TritonStream:
+        """One generation; `outputs` (default: all) are the outputs Triton sends back."""
+        return TritonStream(self._client, target, arrays, request_id, outputs, self.headers)
 
     async def close(self) -> None:
         await self._client.close()
