@@ -68,8 +68,9 @@ def served(tmp_path_factory, e2e_base):
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("openai")
     limits = {**E2E_LIMITS, "max_batch_size": "1", "max_tokens_limit": str(LONG), "max_seq_len": str(LONG + 256)}
+    no_drafters = {key: None for key in build_model_repo.DRAFTERS}  # the family's would not fit this base
     repo = build_model_repo.build(tmp / "repo", build_model_repo.repo_values(
-        e2e_base, method="none", tokenizer_dir=TOKENIZER_DIR, extra=limits))
+        e2e_base, method="none", tokenizer_dir=TOKENIZER_DIR, drafters=no_drafters, extra=limits))
     ports = {name: triton_env.free_port() for name in ("http", "grpc", "metrics", "openai")}
     log = tmp / "launch.log"
     with open(log, "wb") as out:
