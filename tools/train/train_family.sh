@@ -17,7 +17,7 @@ $PY tools/data/self_distill.py --model "$BASE" --out .cache/data/self_distill.js
 $PY tools/data/local_text.py --tokenizer "$BASE" --out .cache/data/local_text.jsonl --seed 0
 # 2. EAGLE-1/2, EAGLE-3 and Medusa heads on the frozen target (features cached in .cache/train)
 $PY tools/train/train_heads.py --base "$BASE" --data "${DATA[@]}" --out "$OUT" --work .cache/train/heads \
-    --epochs 2 --snapshots 10000,20000,40000,80000,160000 --seed 0
+    --epochs 2 --batch-tokens 1536 --snapshots 10000,20000,40000,80000,160000 --seed 0
 # 3. the draft model: the target's first two layers, distilled
 $PY tools/train/train_draft.py --base "$BASE" --data "${DATA[@]}" --out "$OUT/draft" --work .cache/train/heads \
-    --layers 2 --epochs 1 --seed 0
+    --layers 2 --epochs 1 --batch-tokens 2048 --seed 0
