@@ -15,10 +15,12 @@ adjacent-pairs RoPE computes what Hugging Face's rotate-half RoPE does), and thi
 that permutation. Qwen2 files are stored unpermuted. The tokenizer is rebuilt by
 `transformers`' GGUF tokenizer converter.
 
-End of turn: chat GGUFs often name the template's turn opener as `eos`
-(SmolLM2-Instruct names `<|im_start|>`). When the chat template ends its turns with a
-token other than the file's eos, that token (`<|im_end|>` for ChatML) becomes eos, as
-the original checkpoint's `config.json` says.
+Special tokens are the file's own (`tokenizer.ggml.bos/eos/padding_token_id`), not the
+ones transformers' GGUF tokenizer reports: for a `llama` file it reports bos as eos too
+(SmolLM2-Instruct's `<|im_start|>`). End of turn: when the chat template ends its turns
+with a token other than the file's eos (a ChatML template with eos `<|endoftext|>`), that
+token (`<|im_end|>` for ChatML) becomes eos, as the original checkpoints' `config.json`
+say. A file with no padding id pads with eos.
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ class GGUFModel:
     architecture: str
     config: dict           # Hugging Face config.json keys
     state: dict            # HF name -> float32 tensor
+    special_ids: dict      # {"bos", "eos", "pad"} -> the file's token id, or None
 
 
 def _field(reader, key: str, default=None):
@@ -124,6 +127,16 @@ def read_config(reader) -> tuple[str, dict]:
     return arch, config
 
 
+def read_special_ids(reader) -> dict:
+    """The token ids the file names bos, eos and pad (None where it names none)."""
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
+    ids = {}
+    for name, key in keys.items():
+        value = _field(reader, f"tokenizer.ggml.{key}")
+        ids[name] = None if value is None else int(value)
+    return ids
+
+
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undoes llama.cpp's q/k row permutation.
 
@@ -181,39 +194,43 @@ def read_gguf(path: str | Path) -> GGUFModel:
     missing = [n for n in ("model.embed_tokens.weight", "model.norm.weight") if n not in state]
     if missing:
         raise GGUFError(f"{path.name} lacks {', '.join(missing)}")
-    return GGUFModel(arch, config, state)
+    return GGUFModel(arch, config, state, read_special_ids(reader))
 
 
-def _turn_end_token(chat_template: str | None, eos: str | None) -> str | None:
-    """The token that ends an assistant turn in `chat_template`, if it names one (ChatML: `<|im_end|>`)."""
+def _turn_end_token(chat_template: str | None, vocab: dict) -> str | None:
+    """The token of `vocab` that ends an assistant turn in `chat_template`, if it names one
+    (ChatML: `<|im_end|>`)."""
     if not chat_template:
         return None
     for candidate in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>"):
-        if candidate in chat_template:
+        if candidate in chat_template and candidate in vocab:
             return candidate
-    return eos
+    return None
 
 
-def write_tokenizer(path: Path, out: Path) -> dict:
-    """Rebuilds the GGUF's tokenizer with transformers, fixes its special tokens, saves it.
+def write_tokenizer(path: Path, out: Path, special_ids: dict) -> dict:
+    """Rebuilds the GGUF's tokenizer with transformers, sets its special tokens, saves it.
 
-    Returns the ids {bos_token_id, eos_token_id, pad_token_id} for the model's config.
+    `special_ids`: the file's {"bos", "eos", "pad"} ids (`read_special_ids`). Returns the
+    ids {bos_token_id, eos_token_id, pad_token_id} for the model's config.
     """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    eos = _turn_end_token(tok.chat_template, tok.eos_token) or tok.eos_token
-    updates = {"eos_token": eos}
-    if tok.pad_token is None:
-        updates["pad_token"] = eos
+
+    def token(i):
+        return None if i is None else tok.convert_ids_to_tokens(i)
+
+    eos = _turn_end_token(tok.chat_template, tok.get_vocab()) or token(special_ids["eos"])
+    pad = token(special_ids["pad"]) or eos
+    updates = {"bos_token": token(special_ids["bos"]), "eos_token": eos, "pad_token": pad}
     tok.add_special_tokens({k: v for k, v in updates.items() if v is not None})
+    for name, value in updates.items():
+        if value is None:  # transformers may have filled it in (a llama file's eos: its bos)
+            setattr(tok, name, None)
     tok.clean_up_tokenization_spaces = False  # a BPE tokenizer decodes spaces as they are
     tok.save_pretrained(str(out))
-    ids = {
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.convert_tokens_to_ids(eos) if eos is not None else None,
-        "pad_token_id": tok.pad_token_id,
-    }
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
     return ids
 
 
@@ -224,7 +241,7 @@ def convert(gguf_path: str | Path, out: str | Path, dtype: str = "float32") -> P
     gguf_path, out = Path(gguf_path), Path(out)
     model = read_gguf(gguf_path)
     out.mkdir(parents=True, exist_ok=True)
-    ids = write_tokenizer(gguf_path, out)
+    ids = write_tokenizer(gguf_path, out, model.special_ids)
     torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     state = {k: v.to(torch_dtype).contiguous() for k, v in model.state.items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
