@@ -336,6 +336,8 @@ def run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Na
         res.end_s = time.perf_counter()
         res.first_token_s = streamer.first_token_s or res.end_s
         res.output_ids = out[0, len(r.input_ids):].tolist()
+        if end_id is not None and res.output_ids and res.output_ids[-1] == end_id:
+            res.output_ids.pop()  # generate() keeps the end token; the engine does not emit it
         results.append(res)
         progress()
     return results, time.perf_counter() - t0
