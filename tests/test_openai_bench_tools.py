@@ -40,7 +40,7 @@ def _write_label(root, label, scales):
 def _args(**kw) -> argparse.Namespace:
     base = dict(tokenizer="tok", random_seed=0, output_tokens=32, request_count=4, no_streaming=False,
                 triton_model="ensemble", http_port=8000, openai_port=9000, openai_model="speculative_decoding",
-                api_key_env="NO_SUCH_ENV", input_file=None, input_tokens=16, temperature=0.0, deterministic=True,
+                api_key_env="NO_SUCH_ENV", input_file=None, triton_input_file=None, input_tokens=16, temperature=0.0, deterministic=True,
                 warmup_request_count=0, aiperf_args="")
     return argparse.Namespace(**{**base, **kw})
 
@@ -60,6 +60,21 @@ def test_aiperf_commands_per_endpoint(tmp_path):
     assert "-m speculative_decoding --url http://host:9000 --endpoint-type chat" in joined
     assert "--input-file p.jsonl --custom-dataset-type single_turn" in joined and "--request-rate 0.5" in joined
     assert "--streaming" not in openai and not any(a.startswith("min_tokens") for a in openai)
+
+
+def test_triton_gets_the_prompts_the_front_door_renders(tmp_path, tokenizer):
+    from conftest import TOKENIZER_DIR
+
+    src = tmp_path / "p.jsonl"
+    src.write_text(json.dumps({"text": "Name a river."}) + "\n\n" + json.dumps({"text": "Why?"}) + "\n")
+    out = apc.templated_prompts(src, str(TOKENIZER_DIR), tmp_path / "out" / "t.jsonl")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in rows] == [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                                       add_generation_prompt=True)
+                                         for q in ("Name a river.", "Why?")]
+    cmd = apc.aiperf_command(_args(input_file=src, triton_input_file=out), tmp_path, "triton", "h", ("concurrency", "1"),
+                             tmp_path / "a")
+    assert cmd[cmd.index("--input-file") + 1] == str(out)
 
 
 def test_the_triton_template_renders_the_ensembles_json():

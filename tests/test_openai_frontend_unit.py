@@ -271,6 +271,7 @@ def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):
     assert choice["text"] == "one two three" and choice["finish_reason"] == "stop"
     assert choice["logprobs"]["tokens"] == ["one", " two", " three"] and choice["logprobs"]["text_offset"] == [0, 3, 7]
     assert frontend.client.streams[0].cancelled  # the final response never came
+    assert frontend.client.requests[0]["streaming"].tolist() == [[True]]  # so the match ends it early
     chunks = run(collect(frontend.chunks(parse_request({**TEXT_BODY, "model": "speculative_decoding",
                                                         "stop": " four", "stream": True}, COMPLETIONS))))
     assert "".join(c["choices"][0]["text"] for c in chunks) == "one two three"

@@ -30,7 +30,9 @@ Endpoints, per label (a host running tritonserver and the front door):
     # re-read finished runs: LABEL=FOLDER, a label's folder of `profile`
     python tools/bench/aiperf_compare.py compare plain=artifacts/aiperf/plain eagle2=artifacts/aiperf/eagle2
 
-Every request is greedy (`temperature` 0, which the ensemble also defaults to; OpenAI's
+With `--input-file`, Triton's endpoint gets each prompt rendered with the tokenizer's
+chat template (as the front door renders it for chat), so both endpoints generate the
+same tokens. Every request is greedy (`temperature` 0, which the ensemble also defaults to; OpenAI's
 default is 1) and, with `--deterministic`, generates exactly `--output-tokens` tokens
 (`min_tokens`). Token counts are AIPerf's own: the streamed text re-encoded with
 `--tokenizer`, so they can differ from the tokens the server generated.
@@ -55,6 +57,9 @@ PINNED = "aiperf==0.13.0"
 EXPORT = "profile_export_aiperf.json"
 TRITON_TEMPLATE = Path(__file__).resolve().parent / "aiperf_triton_generate.json"
 ENDPOINTS = ("triton", "openai")
+# input_sequence_length is not among them: AIPerf 0.13.0's template endpoint with an input
+# file does not report it.
+REQUIRED_METRICS = ("request_latency", "output_sequence_length", "output_token_throughput", "request_throughput")
 
 
 # ---------------------------------------------------------------- install
@@ -78,6 +83,18 @@ def install(venv: Path = DEFAULT_VENV) -> None:
 # ---------------------------------------------------------------- artifacts
 
 
+def load_export(export: Path) -> dict[str, dict[str, float]]:
+    """{metric: {stat: value}} of one `profile_export_aiperf.json` (GenAI-Perf's layout)."""
+    try:
+        metrics = gpc.read_export_json(export)
+    except (OSError, ValueError) as exc:
+        raise gpc.CompareError(f"{export}: cannot parse: {exc}") from None
+    missing = [m for m in REQUIRED_METRICS if m not in metrics]
+    if missing:
+        raise gpc.CompareError(f"{export}: missing metrics {missing}")
+    return metrics
+
+
 def load_label(path: str | Path) -> dict[tuple[str, str], dict[str, dict[str, float]]]:
     """{(endpoint, stimulus): metrics} for a label's folder (`<endpoint>/<stimulus>/<export>`)."""
     path = Path(path)
@@ -86,7 +103,7 @@ def load_label(path: str | Path) -> dict[tuple[str, str], dict[str, dict[str, fl
     runs = {}
     for export in sorted(path.glob(f"*/*/{EXPORT}")):
         endpoint, stimulus = export.parent.parent.name, export.parent.name
-        runs[(endpoint, stimulus)] = gpc.load_export(export)
+        runs[(endpoint, stimulus)] = load_export(export)
     if not runs:
         raise gpc.CompareError(f"{path}: no <endpoint>/<stimulus>/{EXPORT} inside (did aiperf finish?)")
     return runs
@@ -135,6 +152,24 @@ def first_served_model(host: str, port: int, api_key: str | None) -> str:
         raise gpc.CompareError(f"GET http://{host}:{port}/v1/models: {e}") from None
 
 
+def templated_prompts(input_file: Path, tokenizer_dir: str, out: Path) -> Path:
+    """A copy of a `{"text": prompt}` JSONL with each prompt rendered by the tokenizer's chat
+    template, as the front door renders it: Triton's endpoint then sees the same tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    lines = []
+    for line in Path(input_file).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            row["text"] = tokenizer.apply_chat_template([{"role": "user", "content": row["text"]}], tokenize=False,
+                                                        add_generation_prompt=True)
+            lines.append(json.dumps(row))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def aiperf_command(args: argparse.Namespace, venv: Path, endpoint: str, host: str, stimulus: tuple[str, str],
                    artifact_dir: Path) -> list[str]:
     kind, value = stimulus
@@ -156,7 +191,8 @@ def aiperf_command(args: argparse.Namespace, venv: Path, endpoint: str, host: st
     if not args.no_streaming:
         cmd.append("--streaming")
     if args.input_file:
-        cmd += ["--input-file", str(args.input_file), "--custom-dataset-type", "single_turn"]
+        input_file = args.triton_input_file if endpoint == "triton" and args.triton_input_file else args.input_file
+        cmd += ["--input-file", str(input_file), "--custom-dataset-type", "single_turn"]
     else:
         cmd += ["--isl", str(args.input_tokens)]
     cmd += ["--extra-inputs", f"temperature:{args.temperature}"]
@@ -179,6 +215,10 @@ def profile(args: argparse.Namespace) -> dict[str, dict[tuple[str, str], dict]]:
     stimuli = [("concurrency", str(c)) for c in args.concurrency or []]
     stimuli += [("request_rate", str(r)) for r in args.request_rate or []]
     stimuli = stimuli or [("concurrency", "1")]
+    args.triton_input_file = None
+    if args.input_file and not args.raw_triton_prompts and "triton" in args.endpoint:
+        args.triton_input_file = templated_prompts(args.input_file, args.tokenizer,
+                                                   Path(args.out_dir) / "prompts_chat_template.jsonl")
     env = {**os.environ, "COLUMNS": os.environ.get("COLUMNS", "160")}
     results: dict[str, dict[tuple[str, str], dict]] = {}
     for name, host in labels:
@@ -189,11 +229,12 @@ def profile(args: argparse.Namespace) -> dict[str, dict[tuple[str, str], dict]]:
                 stim = f"{kind}{value}"
                 artifact_dir = Path(args.out_dir) / name / endpoint / stim
                 cmd = aiperf_command(args, venv, endpoint, host, (kind, value), artifact_dir)
-                print(f"[{name} {endpoint} {stim}] {shlex.join(cmd)}", file=sys.stderr)
+                shown = ["***" if i and cmd[i - 1] == "--api-key" else a for i, a in enumerate(cmd)]
+                print(f"[{name} {endpoint} {stim}] {shlex.join(shown)}", file=sys.stderr)
                 done = subprocess.run(cmd, env=env, stdout=sys.stderr, check=False)
                 if done.returncode != 0:
                     raise gpc.CompareError(f"[{name} {endpoint} {stim}] aiperf exited with {done.returncode}")
-                results.setdefault(name, {})[(endpoint, stim)] = gpc.load_export(artifact_dir / EXPORT)
+                results.setdefault(name, {})[(endpoint, stim)] = load_export(artifact_dir / EXPORT)
     return results
 
 
@@ -240,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key-env", default="SPECDEC_API_KEY", help="environment variable holding the API key")
     p.add_argument("--tokenizer", required=True, help="local tokenizer directory")
     p.add_argument("--input-file", help="JSONL of {\"text\": prompt} (tools/dataset_converter.py); default synthetic")
+    p.add_argument("--raw-triton-prompts", action="store_true",
+                   help="send Triton's endpoint the --input-file prompts as they are (default: rendered with the "
+                        "chat template, as the front door renders them)")
     p.add_argument("--input-tokens", type=int, default=128, help="synthetic prompt length (no --input-file)")
     p.add_argument("--output-tokens", type=int, default=128, help="max_tokens of every request")
     p.add_argument("--deterministic", action="store_true", help="every request generates exactly --output-tokens")

@@ -7,7 +7,7 @@
 #   bash tools/bench/aiperf_run.sh OUT_DIR [more `profile` options]
 # OUT_DIR gets the repositories, server logs and AIPerf artifacts, plus comparison.json and
 # comparison.md. Knobs (environment): LABELS ("plain eagle2"), CONCURRENCY ("1"), REQUESTS (40),
-# OUTPUT_TOKENS (128), QUESTIONS ($SPECDEC_DATA_DIR/eagle_humaneval_question.jsonl; SPECDEC_DATA_DIR
+# OUTPUT_TOKENS (128), MODEL (ensemble: the Triton model both endpoints reach), QUESTIONS ($SPECDEC_DATA_DIR/eagle_humaneval_question.jsonl; SPECDEC_DATA_DIR
 # defaults to ../shared/data), TOKENIZER (.cache/smollm2/base), BUILD_ARGS (more
 # build_model_repo.py options for every label, e.g. "--base DIR"), OMP_NUM_THREADS (2, server).
 set -euo pipefail
@@ -49,6 +49,7 @@ for label in ${LABELS:-plain eagle2}; do
     $PY tools/bench/aiperf_compare.py profile --label "$label" --tokenizer "$TOKENIZER" \
         --input-file "$OUT/prompts.jsonl" --output-tokens "${OUTPUT_TOKENS:-128}" --deterministic \
         --concurrency ${CONCURRENCY:-1} --request-count "${REQUESTS:-40}" --warmup-request-count 2 \
+        --triton-model "${MODEL:-ensemble}" --openai-model "${MODEL:-ensemble}" \
         --out-dir "$OUT" --json-out "$OUT/$label.json" "$@"
     stop_server
 done

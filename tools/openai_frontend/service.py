@@ -153,7 +153,10 @@ class Frontend:
         if target.kind == TEXT and gen.logprobs:
             raise bad_field("logprobs", f"the model '{target.name}' returns text only, not tokens; ask a "
                                         f"token-level model ({', '.join(self._token_models()) or 'none served'})")
-        values = {"max_tokens": max_tokens, "stream": gen.stream, **gen.sampling, **gen.speculative}
+        # A request with stop strings streams from the model even when its client does not:
+        # the front door then ends the generation at the first match on the text.
+        values = {"max_tokens": max_tokens, "stream": gen.stream or bool(gen.stop), **gen.sampling,
+                  **gen.speculative}
         if target.kind == TEXT:
             values["text_input"] = self.tokenizer.text_prompt(prompt, templated)
             values["stop_words"] = [csv_word(w) for w in gen.stop] or None
