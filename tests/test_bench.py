@@ -66,22 +66,25 @@ def test_bad_arguments_exit_2(capsys):
 
 def test_eval_family_tiny(tmp_path, capsys):
     card = tmp_path / "MODEL_CARD.md"
-    shutil.copy(eval_family.REPO / "checkpoints" / "MODEL_CARD.md", card)
-    out_md, out_json = tmp_path / "report.md", tmp_path / "report.json"
-    code = eval_family.main(["--family", str(FAMILY), "--out", str(out_md), "--json", str(out_json),
-                             "--model-card", str(card), "--seq-len", "32", "--ppl-windows", "2",
-                             "--code-prompts", "2", "--humaneval-prompts", "1", "--prompt-tokens", "24",
-                             "--new-tokens", "8", "--cache", str(tmp_path / "cache")])
+    card.write_text("# card\n\n<!-- eval_family:begin -->\nold\n<!-- eval_family:end -->\n\nafter\n")
+    snapshot = tmp_path / "snapshots" / "1000"
+    for head in ("eagle", "eagle3"):  # a training snapshot: the heads' directories
+        shutil.copytree(FAMILY / head, snapshot / head)
+    out_json = tmp_path / "family.json"
+    code = eval_family.main(["--family", str(FAMILY), "--snapshots", str(tmp_path / "snapshots"),
+                             "--questions", "1", "--curve-tokens", "8", "--answer-tokens", "8", "--max-seq-len", "256",
+                             "--json", str(out_json), "--model-card", str(card)])
     assert code == 0, capsys.readouterr().err
     data = json.loads(out_json.read_text())
-    assert set(data["perplexity"]["models"]) == {"base", "draft"}
-    rows = {r["method"]: r for r in data["acceptance"]["rows"]}
-    assert list(rows) == ["eagle", "eagle2", "eagle3", "medusa", "draft_model"]
-    for r in rows.values():
-        assert r["tree"] and set(r["sets"]) == {"heldout_code", "humaneval"}
-        assert all(s["tau"] >= 1.0 for s in r["sets"].values())
-    text = out_md.read_text()
-    for part in ("## Models", "Held-out perplexity", "Mean acceptance length", "eagle_default_25", "mc_sim_7b_63",
+    assert [a["set"] for a in data["answers"]] == ["humaneval", "mt_bench", "gsm8k", "alpaca"]
+    assert all(a["question"] and isinstance(a["answer"], str) for a in data["answers"])
+    curve = data["learning_curve"]
+    assert [r["answer_tokens"] for r in curve][0] == 1000 and curve[-1]["final"]
+    for r in curve:
+        assert r["equal_to_plain"]  # greedy speculation is lossless
+        assert all(r[f"{m}_{s}"] >= 1.0 for m in ("eagle2", "eagle3") for s in ("mt_bench", "humaneval"))
+    text = card.read_text()
+    assert "\nold\n" not in text and text.endswith("after\n")
+    for part in ("### What the target answers", "### Learning curve", "| 1,000 |", "(shipped)",
                  "python tools/bench/eval_family.py --family"):
         assert part in text
-    assert "Not measured yet" not in card.read_text() and "Held-out perplexity" in card.read_text()

@@ -64,13 +64,14 @@ def run(engine: Engine, prompts: list[list[int]], new_tokens: int, method: str, 
     return [outs[i] for i in range(len(prompts))], emitted / max(forwards, 1)
 
 
-def engine_for(family: Path, eagle: Path, eagle3: Path, batch: int) -> Engine:
+def engine_for(family: Path, eagle: Path, eagle3: Path, batch: int, max_seq_len: int) -> Engine:
     return Engine(EngineConfig(base_model_dir=str(family / "base"), eagle_dir=str(eagle), eagle3_dir=str(eagle3),
                                speculative_method="eagle2", eagle_total_tokens=16, adaptive_speculation=False,
-                               max_batch_size=batch, max_seq_len=1024, max_tokens_limit=512))
+                               max_batch_size=batch, max_seq_len=max_seq_len, max_tokens_limit=512))
 
 
-def learning_curve(family: Path, snapshots: Path, prompts: dict, new_tokens: int, end_id: int) -> list[dict]:
+def learning_curve(family: Path, snapshots: Path, prompts: dict, new_tokens: int, end_id: int,
+                   max_seq_len: int) -> list[dict]:
     points = sorted((int(p.name), p) for p in snapshots.iterdir() if p.name.isdigit()) if snapshots.is_dir() else []
     final = json.loads((family / "eagle" / "training.json").read_text()).get("answer_tokens_seen") \
         if (family / "eagle" / "training.json").is_file() else None
@@ -78,7 +79,7 @@ def learning_curve(family: Path, snapshots: Path, prompts: dict, new_tokens: int
     rows, reference = [], {}
     batch = max(len(p) for p in prompts.values())
     for tokens, where in points:
-        engine = engine_for(family, where / "eagle", where / "eagle3", batch)
+        engine = engine_for(family, where / "eagle", where / "eagle3", batch, max_seq_len)
         row = {"answer_tokens": tokens, "final": where == family}
         for name, ps in prompts.items():
             if name not in reference:
@@ -111,7 +112,8 @@ def card_section(report: dict) -> str:
               "| answer tokens trained | EAGLE-2 MT-bench | EAGLE-2 HumanEval | EAGLE-3 MT-bench | EAGLE-3 HumanEval |",
               "| --- | --- | --- | --- | --- |"]
     for r in report["learning_curve"]:
-        label = f"{r['answer_tokens']:,}" + (" (shipped)" if r["final"] else "")
+        label = (f"{r['answer_tokens']:,}" if r["answer_tokens"] is not None else "?") + \
+            (" (shipped)" if r["final"] else "")
         lines.append(f"| {label} | {r['eagle2_mt_bench']:.2f} | {r['eagle2_humaneval']:.2f} | "
                      f"{r['eagle3_mt_bench']:.2f} | {r['eagle3_humaneval']:.2f} |")
     equal = all(r["equal_to_plain"] for r in report["learning_curve"])
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", type=int, default=6, help="questions per set for the learning curve")
     ap.add_argument("--curve-tokens", type=int, default=64)
     ap.add_argument("--answer-tokens", type=int, default=128)
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="the engine's KV positions per request")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--model-card", type=Path)
     args = ap.parse_args(argv)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(str(args.family / "base"))
     end_id = tok.eos_token_id
     firsts = {name: first_turns(read_question_set(question_set_path(name))) for name in SETS}
-    engine = engine_for(args.family, args.family / "eagle", args.family / "eagle3", len(SETS))
+    engine = engine_for(args.family, args.family / "eagle", args.family / "eagle3", len(SETS), args.max_seq_len)
     prompts = [encode_question(tok, firsts[name][0], "on") for name in SETS]
     outs, _ = run(engine, prompts, args.answer_tokens, "none", end_id)
     answers = [{"set": name, "question": firsts[name][0], "answer": tok.decode(o, skip_special_tokens=True)}
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     del engine
     curve_prompts = {name: [encode_question(tok, q, "on") for q in firsts[name][: args.questions]]
                      for name in CURVE_SETS}
-    curve = learning_curve(args.family, args.snapshots, curve_prompts, args.curve_tokens, end_id)
+    curve = learning_curve(args.family, args.snapshots, curve_prompts, args.curve_tokens, end_id, args.max_seq_len)
     report = dict(tool="tools/bench/eval_family.py",
                   command=" ".join(["python", "tools/bench/eval_family.py", *(argv if argv is not None else sys.argv[1:])]),
                   date=datetime.date.today().isoformat(), machine=machine_info("cpu"), answer_tokens=args.answer_tokens,
