@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 DATA=${SPECDEC_DATA_DIR:-../shared/data}
-QUESTIONS=${QUESTIONS:-5}
+QUESTIONS=${QUESTIONS:-4}
 OUT=docs/bench
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 stages=("$@")
@@ -37,7 +37,7 @@ for stage in "${stages[@]}"; do
       $PY tools/bench/bench.py plot-speedups "$OUT"/latency_{humaneval,mt_bench,gsm8k,alpaca}.json \
         --plot "$OUT/speedup.png" ;;
     family)
-      $PY tools/bench/eval_family.py --json "$OUT/family.json" \
+      $PY tools/bench/eval_family.py --questions 4 --curve-tokens 48 --json "$OUT/family.json" \
         --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
     concurrency)
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
