@@ -13,8 +13,9 @@ with the tokenizer's chat template for the gRPC route, as the front door renders
 
     grpc:ensemble          Triton's gRPC stream to the ensemble: the baseline
     openai:ensemble        the front door, to the same ensemble: only the front door's own cost
-    openai:<first served>  the front door to the model it lists first (tensorrt_llm_bls, else
-                           speculative_decoding): what an OpenAI client gets by default
+    openai:<model>         the front door to every other model it serves: tensorrt_llm_bls (what
+                           an OpenAI client gets by default: listed first) and
+                           speculative_decoding (token ids: no pre/postprocessing models)
 
 Every request is greedy and generates exactly `--output-tokens` tokens (`min_tokens` =
 `max_tokens`), so every route does the same engine work and tokens/s = requests x
@@ -212,7 +213,7 @@ async def measure(args, cpu_pids: dict) -> list[RouteRun]:
                                headers={"Authorization": f"Bearer {api_key}"} if api_key else {}) as r:
             served = [m["id"] for m in (await r.json())["data"]]
         routes = [GrpcRoute(client, targets[0], rendered, args.output_tokens)]
-        for model in dict.fromkeys([args.triton_model, args.openai_model or served[0]]):
+        for model in dict.fromkeys([args.triton_model] + (args.openai_models or served)):
             if model not in served:
                 raise SystemExit(f"openai_overhead: the front door does not serve {model} (it serves {served})")
             routes.append(OpenAIRoute(session, args.openai_url, model, messages, args.output_tokens, api_key))
@@ -310,8 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--grpc-url", default="localhost:8001")
     p.add_argument("--openai-url", default="http://localhost:9000")
     p.add_argument("--triton-model", default="ensemble", help="the gRPC baseline (a text model)")
-    p.add_argument("--openai-model", default=None, help="also measure the front door to this model "
-                                                        "(default: the first it lists)")
+    p.add_argument("--openai-models", nargs="+", default=None,
+                   help="measure the front door to these models too (default: every model it serves)")
     p.add_argument("--tokenizer", default=None, help="default: the repository's")
     p.add_argument("--questions", type=Path, default=question_set_path("humaneval"))
     p.add_argument("--prompts", type=int, default=64, help="how many of the set's first turns")
