@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import encode_question, machine_info  # noqa: E402
 from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
-from family import FAMILY_DIR  # noqa: E402
+from family import COMMITTED_DIR, FAMILY_DIR  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.request import GenerationRequest, SpecParams  # noqa: E402
@@ -73,8 +73,10 @@ def engine_for(family: Path, eagle: Path, eagle3: Path, batch: int, max_seq_len:
 def learning_curve(family: Path, snapshots: Path, prompts: dict, new_tokens: int, end_id: int,
                    max_seq_len: int) -> list[dict]:
     points = sorted((int(p.name), p) for p in snapshots.iterdir() if p.name.isdigit()) if snapshots.is_dir() else []
-    final = json.loads((family / "eagle" / "training.json").read_text()).get("answer_tokens_seen") \
-        if (family / "eagle" / "training.json").is_file() else None
+    # the assembled family's heads have no training.json: the committed ones record it
+    records = [d / "eagle" / "training.json" for d in (family, COMMITTED_DIR)]
+    record = next((r for r in records if r.is_file()), None)
+    final = json.loads(record.read_text()).get("answer_tokens_seen") if record else None
     points.append((final, family))
     rows, reference = [], {}
     batch = max(len(p) for p in prompts.values())
