@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import e2e_skip_reason, family_drafters, serve_repository
+from conftest import TOKENIZER_DIR, e2e_skip_reason, family_drafters, serve_repository
 
 METHODS = ("none", "eagle2", "eagle3", "medusa", "draft_model", "eagle")
 PROMPTS = ("def fibonacci(n):\n", "The capital of France is", "Once upon a time, in a land far away,")
@@ -219,12 +219,18 @@ class ReadyWatch:
 def stop_words(family) -> dict[str, str]:
     """Per prompt, a word of its greedy continuation that stops it early, when one is found
     among its words and characters (a stop word must tokenize as the output did)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
     words = {}
     for prompt in PROMPTS:
         whole = solo_text(family, prompt, 24)
         tail = whole[len(whole) // 3:]
-        candidates = [w for w in re.findall(r"\S+", tail) if len(w) <= 8] + [c for c in tail if not c.isspace()]
-        for word in list(dict.fromkeys(candidates))[:6]:
+        # the tail's own tokens first: a word that is one token of the output matches it
+        pieces = [tok.decode([t]) for t in tok.encode(tail, add_special_tokens=False)]
+        candidates = [p for p in pieces if p.strip()] + [w for w in re.findall(r"\S+", tail) if len(w) <= 8] + \
+            [c for c in tail if not c.isspace()]
+        for word in list(dict.fromkeys(candidates))[:10]:
             if len(solo_text(family, prompt, 24, stop_words=word)) < len(whole):
                 words[prompt] = word
                 break
