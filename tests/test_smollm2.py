@@ -23,11 +23,9 @@ import torch
 from scipy.stats import chisquare
 
 from engine_helpers import request, run_batch
+from test_engine_sampling import _next_probs  # the target's exact next-token distribution
 from specdec.config import EngineConfig
 from specdec.engine import Engine
-from specdec.kv_cache import AttentionBatch
-from specdec.models.layers import causal_mask
-from specdec.sampling import LogitsRow, probabilities, process_logits, sampling_tensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import family  # noqa: E402
@@ -151,19 +149,6 @@ TRIALS = 300
 @pytest.fixture(scope="module")
 def engine32():
     return family_engine(max_batch_size=16, max_queue_size=4096)
-
-
-def _next_probs(engine, ids: list[int], req) -> torch.Tensor:
-    """The target's processed next-token distribution after `ids` [V] (exact)."""
-    T = len(ids)
-    cache = engine.target.new_cache(1, T)
-    batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, T, "cpu"))
-    with torch.inference_mode():
-        hidden, _ = engine.target(torch.tensor([ids]), torch.arange(T)[None], cache, batch)
-        logits = engine.target.logits(hidden[:, -1:])
-    row = LogitsRow(req, ids, T - len(req.input_ids))
-    processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long))
-    return probabilities(processed, sampling_tensors([row], "cpu"))[0, 0]
 
 
 @pytest.mark.parametrize("method", ["eagle2", "draft_model"])
