@@ -1,16 +1,16 @@
-"""Shared fixtures: the shipped tokenizer and a real `tritonserver` harness.
+"""Shared fixtures: the shipped tokenizer, the tiny model family and a real `tritonserver` harness.
 
 `serve_repository(...)` builds a filled model repository into a temporary folder
 with `tools/build_model_repo.py`'s functions and starts `tritonserver` on free ports
 (`--exit-timeout-secs 3`) through `tools/triton_env.py`; the module-scoped `triton`
 fixture serves the default decoupled repository once per test module.
 
-End-to-end tests serve `checkpoints/base` when it holds weights, else a tiny random
-Llama written once per session with the shipped tokenizer (the serving layer's
-behaviour does not depend on what the model says). Environment knobs:
-- `SPECDEC_E2E_BASE`: base checkpoint to serve instead;
+End-to-end tests serve the tiny family that `tiny_family.py` writes once per test
+process (SmolLM2's tokenizer; a base whose drafters it accepts often but not always),
+not SmolLM2 itself, which is far too slow here. Environment knobs:
+- `SPECDEC_E2E_BASE`: base checkpoint to serve instead of the tiny base;
 - `SPECDEC_TEST_FAMILY`: the complete family (base + every drafter) that `e2e_family`
-  serves, so requests can pick any `speculative_method` (default `checkpoints/`);
+  serves instead of the tiny one, so requests can pick any `speculative_method`;
 - `SPECDEC_E2E_PYTHONPATH`: prepended to the server's PYTHONPATH (e.g. a stub engine).
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ import triton_env  # noqa: E402
 
 TOKENIZER_DIR = family.BASE_DIR  # SmolLM2's tokenizer (tools/setup_model.py)
 E2E_BASE_ENV = os.environ.get("SPECDEC_E2E_BASE")
+FAMILY_ENV = os.environ.get("SPECDEC_TEST_FAMILY")
 E2E_LIMITS = {"max_tokens_limit": "64", "max_seq_len": "128", "triton_max_batch_size": "8"}
 
 
@@ -44,32 +45,18 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
 
 
-def tiny_base_checkpoint(directory: Path) -> Path:
-    """A random 2-layer Llama over the shipped tokenizer's vocabulary, in HF layout."""
-    import shutil
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER_DIR / name, directory / name)
-    return directory
+def model_family() -> Path:
+    """`SPECDEC_TEST_FAMILY`, else the tiny family (written on the first call)."""
+    if FAMILY_ENV:
+        return Path(FAMILY_ENV)
+    from tiny_family import tiny_family
+    return tiny_family()
 
 
 @pytest.fixture(scope="session")
-def e2e_base(tmp_path_factory) -> Path:
+def e2e_base() -> Path:
     """The base checkpoint end-to-end tests serve."""
-    if E2E_BASE_ENV:
-        return Path(E2E_BASE_ENV)
-    shipped = ROOT / "checkpoints" / "base"
-    if (shipped / "config.json").is_file():
-        return shipped
-    return tiny_base_checkpoint(tmp_path_factory.mktemp("tiny_base"))
+    return Path(E2E_BASE_ENV) if E2E_BASE_ENV else model_family() / "base"
 
 
 def e2e_skip_reason() -> str | None:
@@ -81,18 +68,18 @@ def e2e_skip_reason() -> str | None:
     return None
 
 
-FAMILY = Path(os.environ.get("SPECDEC_TEST_FAMILY", ROOT / "checkpoints"))
 FAMILY_DRAFTERS = {"eagle_dir": "eagle", "eagle3_dir": "eagle3", "medusa_dir": "medusa", "draft_model_dir": "draft"}
 
 
 @pytest.fixture(scope="session")
 def e2e_family() -> Path:
     """The complete model family for end-to-end tests of every method (skips without one)."""
-    missing = [m for m in ("base", *FAMILY_DRAFTERS.values()) if not (FAMILY / m / "config.json").is_file()]
+    family_dir = model_family()
+    missing = [m for m in ("base", *FAMILY_DRAFTERS.values()) if not (family_dir / m / "config.json").is_file()]
     if missing:
-        pytest.skip(f"no complete model family in {FAMILY} (missing {', '.join(missing)}); "
+        pytest.skip(f"no complete model family in {family_dir} (missing {', '.join(missing)}); "
                     f"set SPECDEC_TEST_FAMILY")
-    return FAMILY
+    return family_dir
 
 
 def family_drafters(family: Path) -> dict[str, Path]:
@@ -106,7 +93,13 @@ def serve_repository(tmp_dir: Path, base: Path, values: dict[str, str] | None = 
                      tokenizer_dir: Path = TOKENIZER_DIR):
     """Builds a repository (method none, decoupled, `E2E_LIMITS` + `values`) into
     `tmp_dir/repo`, lets `edit(repo_path)` break it if given, serves it, yields the server.
-    `drafters` ({"eagle_dir": path, ...}) replaces the default `checkpoints/` drafters."""
+    `drafters` ({"eagle_dir": path, ...}; default: the drafters of `base`'s family when
+    `base` is `model_family()`'s, else none) replaces build_model_repo's defaults, the
+    SmolLM2 family's, which do not fit another base."""
+    if drafters is None:
+        family_dir = model_family()
+        same = Path(base).resolve() == (family_dir / "base").resolve()
+        drafters = family_drafters(family_dir) if same else {key: None for key in FAMILY_DRAFTERS}
     merged = {**E2E_LIMITS, **(values or {})}
     decoupled = merged.pop("decoupled_mode", "true") == "true"
     repo = build_model_repo.build(tmp_dir / "repo", build_model_repo.repo_values(

@@ -1,4 +1,9 @@
-"""Shared helpers of the engine tests: the shipped family, prompts, engines."""
+"""Shared helpers of the engine tests: the model family, prompts, engines.
+
+The family is the tiny one `tiny_family.py` writes once per test process (SmolLM2's
+tokenizer, drafters that the base accepts often but not always), unless
+`SPECDEC_TEST_FAMILY` names another (base/, eagle/, eagle3/, medusa/, draft/).
+"""
 from __future__ import annotations
 
 import json
@@ -10,9 +15,9 @@ from dataset_converter import question_set_path
 from specdec.config import EngineConfig
 from specdec.engine import Engine
 from specdec.request import GenerationRequest, SamplingParams, SpecParams
+from tiny_family import tiny_family
 
-ROOT = Path(__file__).resolve().parent.parent
-FAMILY = Path(os.environ.get("SPECDEC_TEST_FAMILY", ROOT / "checkpoints"))
+FAMILY = Path(os.environ["SPECDEC_TEST_FAMILY"]) if os.environ.get("SPECDEC_TEST_FAMILY") else tiny_family()
 HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "bench"))
 
 import bench_overheads  # noqa: E402
+from engine_helpers import FAMILY  # noqa: E402
 
 
 def test_tiny_run_reports_both_measurements(tmp_path):
     out = tmp_path / "overheads.json"
-    assert bench_overheads.main(["--pairs", "24", "--iters", "1", "--batch", "3", "--steps", "2", "--repeats", "2",
-                                 "--report-json", str(out)]) == 0
+    assert bench_overheads.main(["--family", str(FAMILY), "--pairs", "24", "--iters", "1", "--batch", "3",
+                                 "--steps", "2", "--repeats", "2", "--report-json", str(out)]) == 0
     r = json.loads(out.read_text())
     for method in ("eagle2", "eagle3"):
         row = r["catch_up"][method]

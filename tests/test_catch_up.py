@@ -3,8 +3,8 @@
 An EAGLE catch-up feeds the head every pending pair but drafts only from the last one,
 so the head's last layer computes keys and values for all pairs (its KV cache needs
 them) and its attention output and MLP at one position per row (`Attention` and
-`DecoderLayer` with `queries`). Checked in float64 for the shipped EAGLE-1/2 and
-EAGLE-3 heads, a random two-layer head with q/k/v biases, and unfused projections:
+`DecoderLayer` with `queries`). Checked in float64 for the test family's EAGLE-1/2
+and EAGLE-3 heads, a random two-layer head with q/k/v biases, and unfused projections:
 the outputs at the chosen positions and the KV caches equal the full forward's, with
 padded rows and cached prefixes of different lengths.
 """

@@ -17,12 +17,13 @@ for _tools in ("tools", "tools/bench", "tools/data"):
     sys.path.insert(0, str(REPO / _tools))
 
 import dataset_converter  # noqa: E402
+import family  # noqa: E402
 import genai_perf_compare as gpc  # noqa: E402
 import prepare_dataset  # noqa: E402
 
 DATA = dataset_converter.data_dir()  # $SPECDEC_DATA_DIR, else ../shared/data
 QUESTION_SETS = sorted(DATA.glob("eagle_*_question.jsonl"))
-TOKENIZER = REPO / "checkpoints" / "base"
+TOKENIZER = family.BASE_DIR  # SmolLM2's tokenizer (tools/setup_model.py)
 FIXTURES = REPO / "tests" / "fixtures" / "genai_perf"
 
 
@@ -258,14 +259,14 @@ def test_compare_rejects_bad_specs(capsys):
 
 
 def test_genai_perf_command_has_the_tutorial_shape(tmp_path):
-    args = argparse.Namespace(model="ensemble", tokenizer="checkpoints/base", no_streaming=False,
+    args = argparse.Namespace(model="ensemble", tokenizer=".cache/smollm2/base", no_streaming=False,
                               input_file="q.jsonl", output_tokens_mean=128, request_count=80,
                               output_tokens_mean_deterministic=True, genai_perf_args="--random-seed 7")
     venv = tmp_path / "venv"
     cmd = gpc.genai_perf_command(args, venv, "localhost:8001", ("concurrency", "1"), tmp_path / "a")
     assert cmd[:2] == [str(venv / "bin" / "genai-perf"), "profile"]
     line = " ".join(cmd[2:])
-    for part in ("-m ensemble", "--endpoint-type kserve", "--backend tensorrtllm", "--tokenizer checkpoints/base",
+    for part in ("-m ensemble", "--endpoint-type kserve", "--backend tensorrtllm", "--tokenizer .cache/smollm2/base",
                  "--url localhost:8001", "--concurrency 1", "--streaming", "--input-file q.jsonl",
                  "--output-tokens-mean 128 --output-tokens-mean-deterministic", "--request-count 80",
                  "--random-seed 7", f"--artifact-dir {tmp_path / 'a'}"):

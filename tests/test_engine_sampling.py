@@ -20,6 +20,12 @@ from specdec.sampling import LogitsRow, SamplingTensors, probabilities, process_
 
 TEMPERATURE, TOP_P = 0.9, 0.95
 TRIALS = 1500
+# Trees of depth 2, which decides the second token: each tree node costs a top-p sort
+# of the 49152-token vocabulary, so the default trees (16 to 64 nodes) would spend
+# minutes here without testing anything more about that token. (No EAGLE top_k here:
+# `request` would take it for the sampling top-k too.)
+SMALL_TREES = {"eagle2": dict(depth=2, total_tokens=6), "draft_model": dict(num_draft_tokens=2),
+               "medusa": dict(choices="[[0],[1],[2],[0,0],[0,1],[1,0]]")}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +54,8 @@ def test_second_token_follows_the_target_distribution(engine, method):
     marginal = torch.zeros_like(p1, dtype=torch.float64)
     for t1 in (p1 > 1e-7).nonzero().flatten().tolist():
         marginal += p1[t1].double() * _next_probs(engine, prompt + [t1], proto).double()
-    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, top_p=TOP_P, seed=i)
-            for i in range(TRIALS)]
+    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, top_p=TOP_P, seed=i,
+                    **SMALL_TREES[method]) for i in range(TRIALS)]
     outs = run_batch(engine, reqs)
     counts = torch.bincount(torch.tensor([outs[f"s{i}"][1] for i in range(TRIALS)]), minlength=len(p1)).double()
     expected = marginal * TRIALS

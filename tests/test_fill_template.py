@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+from conftest import TOKENIZER_DIR  # noqa: E402
 from fill_template import (TemplateError, fill_file, fill_text, main,  # noqa: E402
                            parse_substitutions, placeholders)
 
@@ -107,7 +108,7 @@ TUTORIAL_COMMANDS = {
 def test_tutorial_command_lines_leave_complete_configs(tmp_path, model, command):
     path = tmp_path / "config.pbtxt"
     shutil.copy(TEMPLATES / model / "config.pbtxt", path)
-    tok = str(ROOT / "checkpoints" / "base")
+    tok = str(TOKENIZER_DIR)
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "fill_template.py"), "-i", str(path),
                              command.format(tok=tok)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
