@@ -55,8 +55,7 @@ def code_prompts(n: int, max_tokens: int = 160) -> list[list[int]]:
 def request(ids: list[int], max_tokens: int, method: str = "none", rid: str = "r", **kw) -> GenerationRequest:
     spec_keys = {"choices", "depth", "top_k", "total_tokens", "num_draft_tokens"}
     spec = SpecParams(method=method, **{k: v for k, v in kw.items() if k in spec_keys})
-    # `top_k` is EAGLE's expansion width here, never also the sampling top-k (a field of both).
-    sampling_keys = set(SamplingParams.__dataclass_fields__) - spec_keys
+    sampling_keys = {f for f in SamplingParams.__dataclass_fields__}
     sampling = SamplingParams(**{k: v for k, v in kw.items() if k in sampling_keys})
     rest = {k: v for k, v in kw.items() if k not in spec_keys | sampling_keys}
     return GenerationRequest(request_id=rid, input_ids=ids, max_tokens=max_tokens, sampling=sampling,
