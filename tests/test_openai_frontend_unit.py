@@ -415,3 +415,43 @@ def test_a_client_that_goes_away_cancels_its_stream(front_tokenizer):
                 assert time.monotonic() < deadline, "the stream was not closed"
                 time.sleep(0.05)
             assert frontend.client.streams[-1].cancelled
+
+
+# -- startup ----------------------------------------------------------------------------------
+def test_readiness_is_seen_soon_after_a_slow_server_comes_up():
+    """The front door starts beside a server that loads for minutes: once the server
+    listens, the front door sees it ready within about a second, whatever gRPC's
+    reconnect backoff had grown to (its default grows 1.6x per refusal up to 120 s; after
+    30 s of refusals the next try would come 10-20 s after the server is up)."""
+    import socket
+
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    from openai_frontend.triton_grpc import TritonClient
+
+    class Ready(service_pb2_grpc.GRPCInferenceServiceServicer):
+        def ServerReady(self, request, context):
+            return service_pb2.ServerReadyResponse(ready=True)
+
+    with socket.socket() as s:  # a free port, nothing listening on it yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def scenario() -> float:
+        client = TritonClient(f"127.0.0.1:{port}")
+        waiting = asyncio.ensure_future(client.wait_ready(timeout_s=60))
+        await asyncio.sleep(30.0)
+        assert not waiting.done()
+        server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Ready(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        up = time.perf_counter()
+        try:
+            await asyncio.wait_for(waiting, timeout=30)
+            return time.perf_counter() - up
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(scenario()) < 2.5

@@ -241,7 +241,25 @@ class TritonClient:
 
         self.url = url
         self.headers = headers or None
-        self._client = grpcaio.InferenceServerClient(url)
+        from tritonclient.grpc import KeepAliveOptions
+        from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+        keepalive = KeepAliveOptions()
+        # tritonclient's own channel options, plus a reconnect backoff capped at 1 s:
+        # gRPC's default grows to 120 s, so a front door started beside a server that
+        # loads for minutes kept being refused long after the server was up.
+        channel_args = [
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", 250),
+            ("grpc.min_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        self._client = grpcaio.InferenceServerClient(url, channel_args=channel_args)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Waits until the server says READY (every model loaded)."""
