@@ -10,10 +10,15 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 from dataset_converter import question_set_path
+import torch
+
 from specdec.config import EngineConfig
 from specdec.engine import Engine
+from specdec.kv_cache import AttentionBatch
+from specdec.models.layers import causal_mask
 from specdec.request import GenerationRequest, SamplingParams, SpecParams
 from tiny_family import tiny_family
 
@@ -62,8 +67,10 @@ def request(ids: list[int], max_tokens: int, method: str = "none", rid: str = "r
                              spec=spec, **rest)
 
 
-def run_batch(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list[int]]:
-    """Submits all requests at once (in-flight batching) and steps until done."""
+def run_batch(engine: Engine, requests: list[GenerationRequest],
+              finals: Optional[dict] = None) -> dict[str, list[int]]:
+    """Submits all requests at once (in-flight batching) and steps until done; each
+    request's last output (its stats) goes into `finals` when given."""
     outs: dict[str, list[int]] = {r.request_id: [] for r in requests}
     done: set[str] = set()
 
@@ -72,6 +79,8 @@ def run_batch(engine: Engine, requests: list[GenerationRequest]) -> dict[str, li
             outs[rid].extend(o.token_ids)
             if o.finished:
                 assert o.finish_reason != "error", o.error
+                if finals is not None:
+                    finals[rid] = o
                 done.add(rid)
         return emit
 
@@ -80,3 +89,14 @@ def run_batch(engine: Engine, requests: list[GenerationRequest]) -> dict[str, li
     while len(done) < len(requests):
         engine.step()
     return outs
+
+
+def prefill_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """A loaded `LlamaModel`'s logits [1, T, V] of ids [1, T], run as the engine's
+    prefill runs it (a cache slot, a causal mask)."""
+    T = ids.shape[1]
+    cache = model.new_cache(1, T)
+    batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, T, "cpu"))
+    with torch.no_grad():
+        hidden, _ = model(ids, torch.arange(T)[None], cache, batch)
+    return model.logits(hidden)

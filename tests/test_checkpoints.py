@@ -17,12 +17,13 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.errors import ConfigError
-from specdec.kv_cache import AttentionBatch
 from specdec.models.eagle import EagleHead
 from specdec.models.eagle3 import Eagle3Head
 from specdec.models.layers import causal_mask
 from specdec.models.llama import LlamaModel
 from specdec.models.medusa import MedusaHeads
+
+from engine_helpers import prefill_logits
 
 H, V, HEADS, KV, INTER = 64, 96, 4, 2, 128
 
@@ -33,15 +34,6 @@ def _hf_config(**kw) -> LlamaConfig:
                 rms_norm_eps=1e-5, tie_word_embeddings=False)
     base.update(kw)
     return LlamaConfig(**base)
-
-
-def _forward_all(model: LlamaModel, ids: torch.Tensor):
-    T = ids.shape[1]
-    cache = model.new_cache(1, T)
-    batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, T, "cpu"))
-    with torch.no_grad():
-        hidden, _ = model(ids, torch.arange(T)[None], cache, batch)
-    return model.logits(hidden)
 
 
 @pytest.mark.parametrize("layout", ["safetensors-sharded", "bin", "tied", "llama3-rope", "qwen2"])
@@ -72,7 +64,7 @@ def test_llama_layouts_match_transformers(tmp_path, layout):
     ids = torch.randint(0, V, (1, 40))
     with torch.no_grad():
         ref = hf(ids).logits
-    assert torch.allclose(_forward_all(ours, ids), ref, atol=1e-4), layout
+    assert torch.allclose(prefill_logits(ours, ids), ref, atol=1e-4), layout
 
 
 def test_fused_projections_hold_each_weight_once(tmp_path):

@@ -35,9 +35,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import convert_gguf
 import setup_model
-from specdec.kv_cache import AttentionBatch
-from specdec.models.layers import LlamaShape, causal_mask, rope_inv_freq
+from specdec.models.layers import LlamaShape, rope_inv_freq
 from specdec.models.llama import LlamaModel
+
+from engine_helpers import prefill_logits
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -173,16 +174,6 @@ def write_gguf(path: Path, qtype: Q = Q.F32, arch: str = "llama", tied: bool = T
     return expected
 
 
-def engine_logits(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
-    """The engine's prefill logits [1, T, V] of ids [1, T] (as tests/test_checkpoints.py runs it)."""
-    T = ids.shape[1]
-    cache = model.new_cache(1, T)
-    batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, T, "cpu"))
-    with torch.no_grad():
-        hidden, _ = model(ids, torch.arange(T)[None], cache, batch)
-    return model.logits(hidden)
-
-
 CASES = ([pytest.param("llama", q, True, id=f"llama-{q.name}") for q in QUANTIZABLE + list(K_QUANT_SCALES)]
          + [pytest.param("llama", Q.Q6_K, False, id="llama-untied-Q6_K"),
             pytest.param("qwen2", Q.Q8_0, True, id="qwen2-Q8_0"),
@@ -216,7 +207,7 @@ def test_converted_checkpoint_matches_the_gguf(tmp_path, arch, qtype, tied):
         with torch.no_grad():
             want = reference(ids).logits
             assert torch.allclose(ours(ids).logits, want, rtol=0, atol=1e-5), length
-        assert torch.allclose(engine_logits(engine, ids), want, rtol=1e-4, atol=1e-4), length
+        assert torch.allclose(prefill_logits(engine, ids), want, rtol=1e-4, atol=1e-4), length
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

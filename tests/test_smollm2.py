@@ -105,23 +105,9 @@ def test_the_target_answers_in_english(plain):
 def test_speculative_greedy_equals_plain(engine64, prompts, plain, method, tree):
     reqs = [request(p, NEW_TOKENS, method, rid=f"{method}{i}", end_id=END_ID, return_perf_metrics=True, **tree)
             for i, p in enumerate(prompts)]
-    stats = {}
-    outs = {r.request_id: [] for r in reqs}
-    done = set()
-
-    def emitter(rid):
-        def emit(o):
-            outs[rid].extend(o.token_ids)
-            if o.finished:
-                assert o.finish_reason != "error", o.error
-                stats[rid] = o.stats
-                done.add(rid)
-        return emit
-
-    for r in reqs:
-        engine64.submit(r, emitter(r.request_id))
-    while len(done) < len(reqs):
-        engine64.step()
+    finals = {}
+    outs = run_batch(engine64, reqs, finals)
+    stats = {rid: o.stats for rid, o in finals.items()}
     for i, ref in enumerate(plain):
         out = outs[f"{method}{i}"]
         assert out == ref, (f"{method} {tree} on {QUESTION_SETS[i]}: first difference at "
