@@ -417,6 +417,17 @@ def describe_tree(entry: str, engine: Optional[Engine], args: argparse.Namespace
     return f"dynamic depth={st.depth} top_k={st.top_k} total_tokens={st.total_tokens}"
 
 
+def portable(value):
+    """A report's value with this checkout's root written as `.` and its folder as `..`
+    (reports are committed: they should not carry one machine's paths)."""
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        root = str(Path(__file__).resolve().parents[2])
+        value = value.replace(root, ".").replace(str(Path(root).parent), "..")
+    return value
+
+
 def machine_info(device: str) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -782,7 +793,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
             print(f"warning: {r['label']}: {same['total'] - same['equal']} of {same['total']} outputs differ "
                   f"from plain decoding (greedy; dtype {args.dtype})", file=sys.stderr)
 
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config = {k: portable(v) for k, v in vars(args).items()}
     report = dict(
         tool="tools/bench/bench.py", command=" ".join(["python tools/bench/bench.py"] + argv), config=config,
         machine=machine, requests_source=str(args.dataset or args.question_set),

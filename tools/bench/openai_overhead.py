@@ -329,7 +329,7 @@ def main(argv=None) -> int:
 
     process = None
     if args.launch is not None:
-        log_dir = Path(args.json_out).parent if args.json_out else Path("artifacts/openai-overhead")
+        log_dir = REPO / ".cache" / "openai_overhead"  # the server's logs: not results, kept out of docs/
         process, args.grpc_url, args.openai_url = launch(args.launch.resolve(), log_dir)
     try:
         wait_front_door(args.openai_url, process, args.wait_s)
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
         server_pid = args.server_pid or (process.pid if process else None)
         cpu_pids = {"front_door": (frontend_pid, None), "server": (server_pid, frontend_pid)}
         cpu_pids = {k: v for k, v in cpu_pids.items() if v[0] is not None}
-        from bench import machine_info
+        from bench import machine_info, portable
 
         runs = asyncio.run(measure(args, cpu_pids))
     finally:
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     rows = summarize(runs)
     print(format_rows(rows))
     if args.json_out:
-        report = {"machine": machine_info("cpu"), "args": {k: str(v) for k, v in vars(args).items()},
+        report = {"machine": machine_info("cpu"), "args": {k: str(portable(v)) for k, v in vars(args).items()},
                   "rows": rows, "runs": [vars(r) | {"tokens_per_s": r.tokens_per_s} for r in runs]}
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
