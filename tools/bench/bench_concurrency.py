@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
-from bench import BenchError, _validate_that, encode_question  # noqa: E402
+from bench import BenchError, _validate_that, encode_question, portable  # noqa: E402
 from dataset_converter import DatasetError, first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 
@@ -474,7 +474,7 @@ def run_benchmark(args) -> dict:
     else:
         engine = build_engine(args, configs, levels, prompts)  # loaded and looping in its own thread
         run = InProcess(engine, args.output_tokens)
-        setup.update(family=str(args.family), device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+        setup.update(family=portable(args.family), device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                      eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,
                      omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     points: list[Point] = []
