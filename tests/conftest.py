@@ -15,8 +15,11 @@ not SmolLM2 itself, which is far too slow here. Environment knobs:
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +31,13 @@ for _tools in ("tools", "tools/bench", "tools/data", "tools/train"):  # the tool
     sys.path.insert(0, str(ROOT / _tools))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Engines built here, and the tritonserver processes the end-to-end tests start (they
+# inherit this environment), save their load-time calibration under $SPECDEC_CACHE_DIR
+# (specdec/calibration_cache.py): a folder of this session's, never the user's cache.
+# (tools/triton_env.py copies Triton's Python backend there too, once per session.)
+_CACHE_DIR = tempfile.mkdtemp(prefix="specdec-test-cache-")
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+os.environ["SPECDEC_CACHE_DIR"] = _CACHE_DIR
 
 import build_model_repo  # noqa: E402
 import family  # noqa: E402

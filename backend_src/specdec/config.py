@@ -60,6 +60,10 @@ class EngineConfig:
     cuda_graph_mode: bool = False
     cuda_graph_max_batch_size: int = 16
     seed: int = 0  # engine generator for requests that send no seed
+    # Where load-time calibration (policy.py) is saved and reused on the same setup
+    # (calibration_cache.py): "" -> $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec,
+    # else ~/.cache/specdec; "off": calibrate at every load, write nothing.
+    calibration_cache_dir: str = ""
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> "EngineConfig":

@@ -7,7 +7,8 @@
   size by timing generation with each candidate size (EAGLE-2's `total_token=-1`,
   measured end to end with the drafter); with adaptive speculation on, measures the
   step costs of `step_cost.StepCost` (verify forward by batch and tree size, drafting
-  by method, tree size and batch) and each drafter's acceptance.
+  by method, tree size and batch) and each drafter's acceptance. The results are saved
+  and reused by the next load on the same setup (`calibration_cache.py`).
 - `plan` (every step): adaptive speculation. The batch's speculating requests get
   trees of N nodes (their full trees, halves, quarters, ... or none: plain decoding;
   a smaller EAGLE-2/3 tree is also drafted shallower and narrower), whichever N
@@ -32,6 +33,7 @@ from typing import Optional
 
 import torch
 
+from .calibration_cache import Calibration, CalibrationCache
 from .config import EngineConfig
 from .errors import validate_that
 from .kv_cache import AttentionBatch
@@ -44,7 +46,7 @@ from .step_cost import MAX_GRID_TOKENS, StepCost
 MAX_DEPTH = 12
 MAX_TOP_K = 16
 MAX_TREE = 128
-CALIBRATION_SIZES = (4, 8, 12, 16, 24, 32, 48, 64)
+CALIBRATION_SIZES = (4, 8, 16, 32, 64)  # EAGLE-2/3 tree sizes timed when eagle_total_tokens is 0
 CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
 PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was not measured
 PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many observed steps
@@ -102,6 +104,7 @@ class SpeculationPolicy:
         self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
         self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
+        self.calibration_note: Optional[str] = None  # for the load log: measured or cached, and where
         self._step = 0  # plans made
         # After a plan that turned every tree down: (what it was planned from, its step)
         self._denied: Optional[tuple[tuple, int]] = None
@@ -315,10 +318,42 @@ class SpeculationPolicy:
 
     # -- at load -------------------------------------------------------------------------
     def calibrate(self, engine) -> None:
-        self._choose_total_tokens(engine)
-        if self.config.adaptive_speculation and len(self.available) > 1:
+        """Measures what the config leaves to measurement, or reads it from the
+        calibration cache when it was measured on the same setup, and saves what it
+        measured there (a cache that cannot be written only costs the next load)."""
+        choose = not self.config.eagle_total_tokens and self.config.speculative_method in ("eagle2", "eagle3")
+        costs = self.config.adaptive_speculation and len(self.available) > 1
+        if not (choose or costs):
+            return
+        cache = CalibrationCache.for_engine(engine, self.trees)
+        if cache is not None:
+            saved, why = cache.load()
+            if saved is not None:
+                self._restore(saved)
+                self.calibration_note = f"calibration from the cache {cache.path}"
+                return
+        t0 = time.perf_counter()
+        if choose:
+            self._choose_total_tokens(engine)
+        if costs:
             self._time_verify(engine)
             self._time_drafters(engine)
+        self.calibration_note = f"calibrated in {time.perf_counter() - t0:.0f} s"
+        if cache is None:
+            self.calibration_note += " (no calibration cache)"
+            return
+        failed = cache.save(Calibration(total_tokens=self.total_tokens, seconds_per_token=dict(self.calibration),
+                                        prior_accept=dict(self.prior_accept),
+                                        cost=self.cost if self.cost.ready else None))
+        self.calibration_note += (f" ({why}), saved to {cache.path}" if failed is None
+                                  else f" ({why}); could not save it to {cache.path}: {failed}")
+
+    def _restore(self, saved: Calibration) -> None:
+        self.total_tokens = saved.total_tokens
+        self.calibration = dict(saved.seconds_per_token)
+        self.prior_accept = dict(saved.prior_accept)
+        if saved.cost is not None:
+            self.cost = saved.cost
 
     def _largest_tree(self) -> int:
         sizes = [self.total_tokens, self.config.num_draft_tokens + 1]
@@ -383,10 +418,9 @@ class SpeculationPolicy:
                 self.cost.draft[(method, self.draft_nodes(st, size))] = points
 
     def _choose_total_tokens(self, engine) -> None:
-        """Chooses the EAGLE-2/3 tree size by timing generation, when not configured."""
+        """Chooses the EAGLE-2/3 tree size (eagle_total_tokens 0) by timing one generation
+        per candidate size, after one warm-up generation for all of them."""
         method = self.config.speculative_method
-        if self.config.eagle_total_tokens or method not in ("eagle2", "eagle3"):
-            return
         # Any ids: the model continues them.
         prompt = [1] + list(range(3, 3 + 24))[: max(0, engine.max_context // 4 - 1)]
         new_tokens = max(1, min(48, self.config.max_tokens_limit, engine.max_context - len(prompt) - MAX_TREE))
@@ -394,9 +428,10 @@ class SpeculationPolicy:
         for size in CALIBRATION_SIZES:
             req = GenerationRequest(request_id=f"calibrate-{size}", input_ids=prompt, max_tokens=new_tokens,
                                     sampling=SamplingParams(), spec=SpecParams(method=method, total_tokens=size))
-            engine.generate(req)  # warm-up
+            if size == CALIBRATION_SIZES[0]:
+                engine.generate(dataclasses.replace(req, request_id="calibrate-warm-up"))
             t0 = time.perf_counter()
-            tokens, _, _ = engine.generate(dataclasses.replace(req, request_id=f"calibrate-{size}-timed"))
+            tokens, _, _ = engine.generate(req)
             per_token = (time.perf_counter() - t0) / max(1, len(tokens))
             self.calibration[size] = per_token
             if per_token < best_t:
@@ -461,7 +496,7 @@ def _run_together(engine, requests: list[GenerationRequest]):
 
 def describe(policy: SpeculationPolicy) -> Optional[str]:
     """One line for the load log: the chosen tree size and the measured costs."""
-    parts = []
+    parts = [policy.calibration_note] if policy.calibration_note else []
     if policy.calibration:
         cal = ", ".join(f"{n}:{t * 1e3:.1f}ms/tok" for n, t in policy.calibration.items())
         parts.append(f"eagle total_tokens {policy.total_tokens} [{cal}]")
