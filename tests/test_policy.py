@@ -206,6 +206,19 @@ def test_drafts_that_never_match_turn_off_and_probe_ever_more_rarely():
     assert gaps == sorted(gaps) and gaps[-1] >= 16, probes  # exponential backoff
 
 
+def test_probes_that_accept_too_little_to_pay_also_back_off():
+    """A drafter whose trees accept one token a step where that does not pay for drafting
+    (this family's EAGLE-2 on a CPU): each probe accepts something, yet the plan turns
+    the tree down again after it, so the wait doubles as after a probe that accepted
+    nothing; the request spends ever fewer steps on probes."""
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-2), accept=6.0)
+    picks = run_steps(policy, states(1), [1] * 300)
+    probes = [k for k, n in enumerate(picks) if n > 1]
+    assert picks[0] == FULL and len(probes) <= 16, probes
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[-1] >= 32 and gaps[-3:] == sorted(gaps[-3:]), probes
+
+
 def test_bursty_acceptance_keeps_speculating():
     """Code: a step that accepts nothing between steps that accept a lot."""
     policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)

@@ -18,8 +18,9 @@
   Expected accepted tokens come from each request's recent acceptance, starting from
   its method's (`AdaptiveState`), so requests whose drafts stop matching, and large
   batches, speculate less. A request whose speculation is off probes it again after
-  `FIRST_BACKOFF` steps, waiting twice as long after each probe that accepted
-  nothing. A batch whose plan turned every tree down is planned again after
+  `FIRST_BACKOFF` steps, waiting twice as long after each probe after which the plan
+  still turned its tree down (at τ 1.25 most probes accept something, and resetting the
+  wait after any acceptance kept such requests probing every few steps). A batch whose plan turned every tree down is planned again after
   `REPLAN_STEPS` steps, or as soon as it changes. Requests that pinned their tree
   size, and configs with `adaptive_speculation: false`, are left alone.
 """
@@ -58,7 +59,7 @@ DECAY = 0.8  # each new observation keeps this much of the older ones' weight (~
 SPECULATE_MARGIN = 0.10
 PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
-MAX_BACKOFF = 64  # ... doubled after each probe that accepted nothing, up to this
+MAX_BACKOFF = 64  # ... doubled after each probe the plan did not follow with a tree, up to this
 # A batch whose plan turned every tree down keeps that plan this many steps, unless it
 # changes (a request joins, leaves, or ends a pause): under full load, where no tree
 # pays, re-planning every step was most of what adaptive speculation cost per step.
@@ -185,6 +186,8 @@ class SpeculationPolicy:
             st = s.settings
             stats = self._stats(s)
             if st.method != "none":
+                if stats.probing:  # last step was a probe: did the plan take the tree back?
+                    stats.backoff = FIRST_BACKOFF if n > 1 else min(MAX_BACKOFF, 2 * stats.backoff)
                 stats.probing = n > 1 and stats.off_steps > 0
                 stats.off_steps = stats.off_steps + 1 if n <= 1 else 0
             if n <= 1 and st.method != "none":
@@ -293,8 +296,6 @@ class SpeculationPolicy:
             return
         stats = self._stats(state)
         stats.observe(accepted / _depth_share(drafted + 1, self.full_nodes(state.settings)))
-        if stats.probing:  # a probe that accepted nothing: wait twice as long for the next
-            stats.backoff = min(MAX_BACKOFF, 2 * stats.backoff) if accepted == 0 else FIRST_BACKOFF
 
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
