@@ -266,3 +266,20 @@ def test_wrong_head_checkpoint_is_a_config_error(tmp_path, base_dir):
         EagleHead.from_pretrained(d, base_dir)
     with pytest.raises(ConfigError, match="medusa_num_heads"):
         MedusaHeads.from_pretrained(d, H, V)
+
+
+def test_eagle3_on_a_base_too_shallow_for_its_feature_layers_is_a_config_error():
+    """EAGLE-3 reads the inputs of base layers 2, n // 2 and n - 3; a 2-layer base has no
+    layer 2, and the load says so instead of failing at the first step."""
+    from types import SimpleNamespace
+
+    from specdec.config import EngineConfig
+    from specdec.drafters.loader import load_drafters
+
+    from conftest import model_family
+
+    family = model_family()
+    shallow = SimpleNamespace(shape=SimpleNamespace(num_hidden_layers=2), lm_head=SimpleNamespace(weight=torch.zeros(1)))
+    config = EngineConfig(base_model_dir=str(family / "base"), eagle3_dir=str(family / "eagle3"))
+    with pytest.raises(ConfigError, match="eagle3_dir: .* at least 3 layers; this base model has 2"):
+        load_drafters(config, shallow, 64, 1)

@@ -11,7 +11,7 @@ from ..config import EngineConfig
 from ..errors import ConfigError, InputError
 from ..models.checkpoint import read_config, torch_dtype
 from ..models.eagle import EagleHead
-from ..models.eagle3 import Eagle3Head
+from ..models.eagle3 import MIN_BASE_LAYERS, Eagle3Head
 from ..models.llama import LlamaModel
 from ..models.medusa import MedusaHeads
 from .choices import static_tree
@@ -39,6 +39,10 @@ def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int, slots:
             out.drafters["eagle"] = out.drafters["eagle2"] = drafter
             out.trees["eagle"] = _tree(config.eagle_choices, "eagle_choices", 16)
         if config.eagle3_dir:
+            if target.shape.num_hidden_layers < MIN_BASE_LAYERS:
+                raise ConfigError(f"eagle3_dir: EAGLE-3 reads the base model's layers 2, n // 2 and n - 3, which needs at "
+                                  f"least {MIN_BASE_LAYERS} layers; this base model has "
+                                  f"{target.shape.num_hidden_layers}")
             head3 = Eagle3Head.from_pretrained(config.eagle3_dir, config.base_model_dir, dtype, device)
             out.drafters["eagle3"] = EagleDrafter(head3, target, slots, max_len,
                                                    _score_temperature(config, config.eagle3_dir))

@@ -31,8 +31,12 @@ from .layers import (MLP, Attention, LlamaShape, RMSNorm, at_positions, fuse_pro
                      rope_tables)
 
 
+MIN_BASE_LAYERS = 3  # the fewest base layers that have all three feature layers below
+
+
 def eagle3_feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """The base layers whose inputs EAGLE-3 fuses (low, mid, high)."""
+    """The base layers whose inputs EAGLE-3 fuses (low, mid, high), as EAGLE-3's reference
+    code picks them. They exist from MIN_BASE_LAYERS layers on, and are distinct from 7."""
     return (2, num_layers // 2, num_layers - 3)
 
 
