@@ -59,6 +59,37 @@ def test_throughput_compare_with_transformers(tmp_path, capsys):
     assert plot.is_file() and plot.with_name("cmp_tau.png").is_file()
 
 
+def test_latency_compare_interleaves_configurations_request_by_request(tmp_path, capsys, monkeypatch):
+    """Drift on a shared machine must weigh on every configuration alike: after the
+    warm-ups, each request runs under every configuration (order rotating) before the
+    next request starts; --no-interleave runs configurations one after another."""
+    calls = []
+    for name in ("run_engine", "run_hf"):
+        original = getattr(bench, name)
+
+        def recording(*a, _original=original, _engine=name == "run_engine", **kw):
+            entry, reqs = (a[1], a[2]) if _engine else (a[0], a[2])
+            calls.append((entry, tuple(r.task_id for r in reqs)))
+            return _original(*a, **kw)
+        monkeypatch.setattr(bench, name, recording)
+    args = ["latency", "--question-set", str(HUMANEVAL), "--num-requests", "3", "--output-tokens", "6",
+            "--warmup", "1", "--no-progress", "--compare", "none,eagle3,hf", "--dtype", "float64"]
+    report = tmp_path / "interleaved.json"
+    assert _bench(capsys, *args, "--report-json", str(report))[0] == 0
+    timed = calls[3:]
+    assert calls[:3] == [("none", (0,)), ("eagle3", (0,)), ("hf", (0,))]  # warm-ups
+    assert timed == [("none", (0,)), ("eagle3", (0,)), ("hf", (0,)),
+                     ("eagle3", (1,)), ("hf", (1,)), ("none", (1,)),
+                     ("hf", (2,)), ("none", (2,)), ("eagle3", (2,))]
+    rows = {r["label"]: r for r in json.loads(report.read_text())["comparison"]}
+    assert rows["eagle3"]["same_as_none"]["same"] and rows["hf"]["same_as_none"]["same"]
+    runs = json.loads(report.read_text())["runs"]
+    assert [[q["task_id"] for q in run["requests"]] for run in runs] == [[0, 1, 2]] * 3
+    calls.clear()
+    assert _bench(capsys, *args, "--no-interleave")[0] == 0
+    assert [c for c in calls if len(c[1]) > 1] == [("none", (0, 1, 2)), ("eagle3", (0, 1, 2)), ("hf", (0, 1, 2))]
+
+
 def test_bad_arguments_exit_2(capsys):
     code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--compare", "none,nope"])
     assert code == 2 and "unknown configuration 'nope'" in capsys.readouterr().err

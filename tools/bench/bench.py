@@ -728,6 +728,10 @@ def build_parser() -> argparse.ArgumentParser:
         out.add_argument("--plot", type=Path, help="PNG of speedups (and <name>_tau.png, the τ histogram)")
         out.add_argument("--markdown", type=Path, help="the comparison as a markdown table with command and machine")
         out.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+        if mode == "latency":
+            cfg.add_argument("--no-interleave", action="store_true",
+                             help="with --compare: run each configuration over all requests in turn (default: "
+                                  "request by request, every configuration in turn, so drift hits all alike)")
     ps = sub.add_parser("plot-speedups", help="table + PNG of --compare reports over several question sets")
     ps.add_argument("reports", nargs="+", type=Path, help="--report-json files of --compare runs")
     ps.add_argument("--plot", type=Path, help="PNG to write")
@@ -765,18 +769,39 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     print(engine_details(args, entries, trees, machine, engine))
 
     warm = [reqs[i % len(reqs)] for i in range(args.warmup)]
-    runs = []
-    for entry in entries:
-        bar = tqdm(total=len(reqs), desc=entry, unit="req", file=sys.stderr, disable=args.no_progress)
+
+    def run_entry(entry: str, batch: list[BenchRequest], progress) -> tuple[list[RequestResult], float]:
         try:
             if entry in METHODS:
-                run_engine(engine, entry, warm, args, end_id, lambda: None)
-                results, wall = run_engine(engine, entry, reqs, args, end_id, bar.update)
-            else:
-                run_hf(entry, hf_models, warm, args, end_id, lambda: None)
-                results, wall = run_hf(entry, hf_models, reqs, args, end_id, bar.update)
+                return run_engine(engine, entry, batch, args, end_id, progress)
+            return run_hf(entry, hf_models, batch, args, end_id, progress)
         except InputError as e:
             raise BenchError(f"{entry}: {e}") from None
+
+    interleave = args.mode == "latency" and len(entries) > 1 and not args.no_interleave
+    runs = []
+    if interleave:
+        # Request by request, every configuration in turn (the order rotating), so that a
+        # machine that speeds up or slows down during the run weighs on all of them alike.
+        for entry in entries:
+            run_entry(entry, warm, lambda: None)
+        collected = {e: ([], 0.0) for e in entries}
+        bar = tqdm(total=len(reqs) * len(entries), desc="interleaved", unit="req", file=sys.stderr,
+                   disable=args.no_progress)
+        for i, r in enumerate(reqs):
+            for entry in entries[i % len(entries):] + entries[: i % len(entries)]:
+                results, wall = run_entry(entry, [r], bar.update)
+                done, total = collected[entry]
+                collected[entry] = (done + results, total + wall)
+        bar.close()
+        runs = [Run(e, trees[e], *collected[e]) for e in entries]
+        for run in runs:
+            print(performance_overview(run))
+    for entry in [] if interleave else entries:
+        bar = tqdm(total=len(reqs), desc=entry, unit="req", file=sys.stderr, disable=args.no_progress)
+        try:
+            run_entry(entry, warm, lambda: None)
+            results, wall = run_entry(entry, reqs, bar.update)
         finally:
             bar.close()
         run = Run(entry, trees[entry], results, wall)
