@@ -6,7 +6,7 @@
 # Then compare the labels (and, per label, the front door against Triton's endpoint).
 #   bash tools/bench/aiperf_run.sh OUT_DIR [more `profile` options]
 # OUT_DIR gets the repositories, server logs and AIPerf artifacts, plus comparison.json and
-# comparison.md. Knobs (environment): LABELS ("plain eagle2"), CONCURRENCY ("1"), REQUESTS (40),
+# comparison.md. Knobs (environment): LABELS ("plain eagle2"; see tools/bench/serving_labels.sh), CONCURRENCY ("1"), REQUESTS (40),
 # OUTPUT_TOKENS (128), MODEL (ensemble: the Triton model both endpoints reach), QUESTIONS ($SPECDEC_DATA_DIR/eagle_humaneval_question.jsonl; SPECDEC_DATA_DIR
 # defaults to ../shared/data), TOKENIZER (.cache/smollm2/base), BUILD_ARGS (more
 # build_model_repo.py options for every label, e.g. "--base DIR"), OMP_NUM_THREADS (2, server).
@@ -15,18 +15,9 @@ cd "$(dirname "$0")/../.."
 OUT=${1:?usage: bash tools/bench/aiperf_run.sh OUT_DIR [profile options]}; shift
 PY=.venv/bin/python
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-declare -A METHOD=([plain]="--method none" [eagle2]="--method eagle2 --set eagle_total_tokens:16,adaptive_speculation:false")
 TOKENIZER=${TOKENIZER:-.cache/smollm2/base}
-SERVER=""
-
-stop_server() {  # the launcher leads its own process group: server, model stubs, front door
-    [ -n "$SERVER" ] || return 0
-    kill -TERM -- "-$SERVER" 2>/dev/null || true
-    for _ in $(seq 20); do kill -0 -- "-$SERVER" 2>/dev/null || { SERVER=""; return 0; }; sleep 1; done
-    kill -KILL -- "-$SERVER" 2>/dev/null || true
-    SERVER=""
-}
-trap stop_server EXIT
+# shellcheck source=tools/bench/serving_labels.sh
+source tools/bench/serving_labels.sh
 
 mkdir -p "$OUT"
 $PY tools/bench/aiperf_compare.py install
@@ -35,16 +26,7 @@ $PY tools/dataset_converter.py --input_file "$QUESTIONS" --output_file "$OUT/pro
 labels=()
 for label in ${LABELS:-plain eagle2}; do
     labels+=("$label=$OUT/$label")
-    # shellcheck disable=SC2086  # METHOD and BUILD_ARGS hold several options
-    $PY tools/build_model_repo.py --out "$OUT/repo_$label" ${METHOD[$label]} ${BUILD_ARGS:-}
-    setsid $PY tools/launch_triton_server.py --world_size=1 --model_repo="$OUT/repo_$label" \
-        --exit_timeout_secs 3 --log-file "$OUT/server_$label.log" --openai_port 9000 \
-        2>"$OUT/launch_$label.err" &
-    SERVER=$!
-    until curl -sf localhost:8000/v2/health/ready >/dev/null && curl -sf localhost:9000/health >/dev/null; do
-        kill -0 "$SERVER" 2>/dev/null || { cat "$OUT/launch_$label.err" >&2; exit 1; }
-        sleep 1
-    done
+    start_server "$label" "$OUT" --openai_port 9000
     # shellcheck disable=SC2086  # CONCURRENCY holds several values
     $PY tools/bench/aiperf_compare.py profile --label "$label" --tokenizer "$TOKENIZER" \
         --input-file "$OUT/prompts.jsonl" --output-tokens "${OUTPUT_TOKENS:-128}" --deterministic \

@@ -14,7 +14,7 @@
 # concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 adaptive vs EAGLE-2 with a
 #              fixed tree at 1-32 concurrent requests
 # genai-perf   tools/bench/genai_perf_run.sh: GenAI-Perf at concurrency 1 against the served
-#              ensemble, plain and EAGLE-2
+#              ensemble: plain decoding, EAGLE-2 and EAGLE-3 as tools/serve.sh serves them
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
