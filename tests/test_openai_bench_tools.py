@@ -113,7 +113,7 @@ def test_compare_names_what_is_missing(tmp_path, capsys):
     assert "openai concurrency1: no run for eagle2" in capsys.readouterr().err
     assert apc.main(["compare", f"x={tmp_path / 'nothing'}"]) == 2
     assert apc.main(["compare", str(plain)]) == 2
-    assert "expected LABEL=FOLDER" in capsys.readouterr().err
+    assert "expected LABEL=PATH" in capsys.readouterr().err
 
 
 def test_overhead_summary_takes_ratios_within_repeats():

@@ -313,14 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             labelled = profile(args)
             json_out = Path(args.json_out) if args.json_out else Path(args.out_dir) / "comparison.json"
         else:
-            labelled = {}
-            for spec in args.runs:
-                label, sep, path = spec.partition("=")
-                if not sep or not label or not path:
-                    raise gpc.CompareError(f"{spec!r}: expected LABEL=FOLDER")
-                if label in labelled:
-                    raise gpc.CompareError(f"label {label!r} given twice")
-                labelled[label] = load_label(path)
+            labelled = gpc.labelled_paths(args.runs, load_label)
             json_out = Path(args.json_out) if args.json_out else None
         markdown = Path(args.markdown) if args.markdown else None
         footer = provenance(sys.argv[1:] if argv is None else argv, Path(args.venv)) if markdown else ""

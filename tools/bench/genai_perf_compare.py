@@ -363,6 +363,20 @@ def measurement_args(args: argparse.Namespace, stimulus: tuple[str, str]) -> lis
     return out
 
 
+def labelled_paths(specs: list[str], load):
+    """`LABEL=PATH` arguments -> {label: load(path)}, in order; a malformed or repeated label
+    is a CompareError."""
+    loaded = {}
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            raise CompareError(f"{spec!r}: expected LABEL=PATH")
+        if label in loaded:
+            raise CompareError(f"label {label!r} given twice")
+        loaded[label] = load(path)
+    return loaded
+
+
 def profile(args: argparse.Namespace) -> dict[str, dict]:
     venv = Path(args.venv)
     if not (venv / "bin" / "genai-perf").exists():
@@ -482,15 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             results = profile(args)
             json_out = Path(args.json_out) if args.json_out else Path(args.out_dir) / "comparison.json"
         else:
-            runs = {}
-            for spec in args.runs:
-                label, sep, path = spec.partition("=")
-                if not sep or not label or not path:
-                    raise CompareError(f"{spec!r}: expected LABEL=PATH")
-                if label in runs:
-                    raise CompareError(f"label {label!r} given twice")
-                runs[label] = load_runs(path)
-            results = by_stimulus(runs)
+            results = by_stimulus(labelled_paths(args.runs, load_runs))
             json_out = Path(args.json_out) if args.json_out else None
         markdown = Path(args.markdown) if args.markdown else None
         footer = provenance(sys.argv[1:] if argv is None else argv, Path(args.venv)) if markdown else ""
