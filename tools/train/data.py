@@ -3,10 +3,14 @@
 Reads `tools/data/self_distill.py` output, drops every conversation that overlaps the
 evaluation question sets (`tools/data/overlap.py`), holds out every `HOLDOUT_EVERY`-th
 conversation for validation, and serves seeded, length-grouped batches of
-conversation indexes (padded on the right to their longest member).
+conversation indexes (padded on the right to their longest member); and what the
+trainers share: their step schedule, learning rate and resumable state.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import random
 import sys
 from dataclasses import dataclass
@@ -85,3 +89,39 @@ def coverage(ds: Dataset, indexes: list[int], tokens: torch.Tensor) -> float:
         total += len(answer)
         hit += sum(t in keep for t in answer)
     return hit / max(total, 1)
+
+
+def epoch_schedule(ds: Dataset, batch_tokens: int, epochs: float, seed: int) -> list[list[int]]:
+    """The batches of `epochs` passes over the training conversations (a fractional last
+    pass is cut short), each pass in its own seeded order."""
+    per_epoch = [batches(ds, ds.train, batch_tokens, seed + e) for e in range(math.ceil(epochs))]
+    return [g for e in per_epoch for g in e][: int(round(epochs * len(per_epoch[0])))]
+
+
+def learning_rate(step: int, total: int, peak: float) -> float:
+    """Linear warm-up over the first 5 % of the steps, then cosine down to a tenth of `peak`."""
+    warmup = max(1, total // 20)
+    return peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total)))
+
+
+def run_key(ds: Dataset, schedule: list[list[int]], settings: dict) -> str:
+    """What a saved training state belongs to: the conversations, their batch order and the
+    run's settings. Resuming with other data or settings would silently mix two runs."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    digest.update(json.dumps(schedule).encode())
+    for c in sorted({c for group in schedule for c in group}):
+        digest.update(np.asarray(ds.conversations[c], dtype=np.int32).tobytes())
+        digest.update(str(ds.prompt_lens[c]).encode() + b"|")
+    return digest.hexdigest()
+
+
+def load_state(path: Path, key: str) -> dict | None:
+    """The state saved at `path` by this same run (`run_key`), or None when there is none;
+    a state of another run is an error that says what to do, not a silent resume."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=False)
+    if state.get("run_key") != key:
+        raise SystemExit(f"{path} holds the state of another training run (other data or settings); "
+                         f"delete it to start this one, or use another --work folder")
+    return state

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import batches, load_dataset  # noqa: E402
+from data import epoch_schedule, learning_rate, load_dataset, load_state, run_key  # noqa: E402
 from features import build_features  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.layers import LlamaShape, causal_mask  # noqa: E402
@@ -69,7 +68,7 @@ def save_draft(draft: LlamaModel, cfg: dict, out: Path, meta: dict) -> None:
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, type=Path)
     ap.add_argument("--data", required=True, type=Path, nargs="+")
@@ -83,7 +82,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--save-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
     ds = load_dataset(args.data, args.max_len)
@@ -96,22 +95,21 @@ def main() -> None:
     del base
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    per_epoch = [batches(ds, ds.train, args.batch_tokens, args.seed + 100 + e) for e in range(math.ceil(args.epochs))]
-    schedule = [g for e in per_epoch for g in e][: int(round(args.epochs * len(per_epoch[0])))]
-    total, warmup = len(schedule), max(1, len(schedule) // 20)
+    schedule = epoch_schedule(ds, args.batch_tokens, args.epochs, args.seed + 100)
+    total = len(schedule)
+    key = run_key(ds, schedule, {k: v for k, v in vars(args).items() if k != "save_every"})
     state_path = args.work / "draft_state.pt"
     step, seen = 0, 0
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+    state = load_state(state_path, key)
+    if state is not None:
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         step, seen = state["step"], state["seen"]
         print(f"resumed at step {step}/{total}", flush=True)
     t0 = time.time()
     while step < total:
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total)))
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = learning_rate(step, total, args.lr)
         group = schedule[step]
         T, B = max(len(ds.conversations[c]) for c in group), len(group)
         ids = torch.zeros(B, T, dtype=torch.long)
@@ -144,7 +142,7 @@ def main() -> None:
             print(f"step {step}/{total} tokens {seen} loss {loss.item():.3f} top1 {acc:.2f} | "
                   f"{(time.time() - t0) / 60:.1f} min", flush=True)
         if step % args.save_every == 0 or step == total:
-            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "seen": seen}, state_path)
+            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "seen": seen, "run_key": key}, state_path)
     save_draft(draft, cfg, args.out, dict(layers=args.layers, answer_tokens_seen=seen, conversations=len(ds.train),
                                           epochs=args.epochs, steps=total, lr=args.lr, seed=args.seed,
                                           initialised_from="the target's first layers, norm and embeddings"))

@@ -43,7 +43,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import Dataset, batches, coverage, frequent_tokens, load_dataset  # noqa: E402
+from data import (Dataset, coverage, epoch_schedule, frequent_tokens, learning_rate, load_dataset,  # noqa: E402
+                  load_state, run_key)  # noqa: E402
 from features import FeatureSet, build_features  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
 from specdec.models.eagle3 import Eagle3Head  # noqa: E402
@@ -253,7 +254,7 @@ def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict) -> No
         (out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, type=Path)
     ap.add_argument("--data", required=True, type=Path, nargs="+", help="self_distill.py JSONL files")
@@ -271,7 +272,7 @@ def main() -> None:
     ap.add_argument("--snapshots", default="", help="answer-token counts at which to save the EAGLE heads")
     ap.add_argument("--save-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
     ds = load_dataset(args.data, args.max_len)
@@ -293,16 +294,15 @@ def main() -> None:
     draft_rows = lm_head[draft_ids]  # the target's LM head over the draft vocabulary
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    per_epoch = [batches(ds, ds.train, args.batch_tokens, args.seed + e) for e in range(math.ceil(args.epochs))]
-    schedule = [g for e in per_epoch for g in e][: int(round(args.epochs * len(per_epoch[0])))]
+    schedule = epoch_schedule(ds, args.batch_tokens, args.epochs, args.seed)
     total = len(schedule)
-    warmup = max(1, total // 20)
+    key = run_key(ds, schedule, {k: v for k, v in vars(args).items() if k not in ("save_every", "snapshots")})
     gen = torch.Generator().manual_seed(args.seed)
     snapshots = sorted(int(s) for s in args.snapshots.split(",") if s)
     state_path = args.work / "state.pt"
     step, seen = 0, 0
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+    state = load_state(state_path, key)
+    if state is not None:
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         gen.set_state(state["gen"])
@@ -310,9 +310,8 @@ def main() -> None:
         print(f"resumed at step {step}/{total}", flush=True)
     t0 = time.time()
     while step < total:
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total)))
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = learning_rate(step, total, args.lr)
         ids, hidden, aux, weight = batch_tensors(fs, ds, schedule[step])
         (loss_e, loss_3, loss_m), (acc_e, acc_3, acc_m) = losses(
             heads, lm_head, train_rows, draft_rows, ids, hidden, aux, weight, args.ttt_steps, gen, args.noise)
@@ -333,7 +332,7 @@ def main() -> None:
                   f"top1/head {[round(a, 2) for a in acc_m]} | {el / 60:.1f} min", flush=True)
         if step % args.save_every == 0 or step == total:
             torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step, "seen": seen}, state_path)
+                        "step": step, "seen": seen, "run_key": key}, state_path)
     meta = dict(answer_tokens_seen=seen, conversations=len(ds.train), epochs=args.epochs, steps=total,
                 batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps,
                 draft_vocab=args.draft_vocab, train_vocab=args.train_vocab, noise=args.noise,

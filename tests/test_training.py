@@ -1,0 +1,86 @@
+"""The drafters' training scripts (`tools/train/`) on the tiny family: a short run of
+each writes checkpoints the engine's own loaders read, a rerun resumes from the saved
+state instead of training again, and a state left by another run (other data or
+settings) is refused with a message instead of being resumed into this one."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import model_family
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "train"))
+sys.path.insert(0, str(ROOT / "tools"))
+import setup_model  # noqa: E402
+import train_draft  # noqa: E402
+import train_heads  # noqa: E402
+from engine_helpers import request, run_batch  # noqa: E402
+from specdec.config import EngineConfig  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+
+
+def _conversations(path: Path, count: int, seed: int = 0) -> Path:
+    """JSONL in self_distill.py's shape: token ids only (no text shared with the question sets)."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(count):
+            prompt = [1] + [rng.randrange(300, 2000) for _ in range(rng.randrange(4, 10))]
+            answer = [rng.randrange(300, 2000) for _ in range(rng.randrange(12, 40))]
+            f.write(json.dumps({"index": i, "kind": "magpie", "user": "", "answer": "", "input_ids": prompt + answer,
+                                "prompt_len": len(prompt)}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    family = model_family()
+    data = _conversations(tmp / "data.jsonl", 24)
+    common = ["--base", str(family / "base"), "--data", str(data), "--work", str(tmp / "work"), "--seed", "0"]
+    heads = common + ["--out", str(tmp / "out"), "--epochs", "1", "--batch-tokens", "256", "--snapshots", "100"]
+    draft = common + ["--out", str(tmp / "out" / "draft"), "--layers", "1", "--batch-tokens", "256"]
+    return tmp, family, heads, draft
+
+
+def test_heads_and_draft_train_into_layouts_that_setup_completes_and_the_engine_serves(run, monkeypatch):
+    tmp, family, heads, draft = run
+    train_heads.main(heads)
+    train_draft.main(draft)
+    out = tmp / "out"
+    meta = json.loads((out / "eagle3" / "training.json").read_text())
+    assert meta["answer_tokens_seen"] > 0 and meta["steps"] > 1
+    assert (tmp / "work" / "snapshots" / "100" / "eagle3" / "config.json").is_file()
+    # What setup does with the committed parts: Medusa's projections and the draft
+    # model's embeddings and tokenizer come from the target.
+    monkeypatch.setattr(setup_model, "BASE_DIR", family / "base")
+    for name, complete in (("medusa", setup_model.complete_medusa), ("draft", setup_model.complete_draft)):
+        (tmp / "served" / name).mkdir(parents=True)
+        complete(out / name, tmp / "served" / name)
+    engine = Engine(EngineConfig(base_model_dir=str(family / "base"), eagle_dir=str(out / "eagle"),
+                                 eagle3_dir=str(out / "eagle3"), medusa_dir=str(tmp / "served" / "medusa"),
+                                 draft_model_dir=str(tmp / "served" / "draft"), dtype="float64",
+                                 max_seq_len=256, max_batch_size=5, adaptive_speculation=False))
+    prompt = [1, 534, 292, 668, 292, 1200]
+    methods = ("none", "eagle", "eagle2", "eagle3", "medusa", "draft_model")
+    outs = run_batch(engine, [request(prompt, 12, method=m, rid=m) for m in methods])
+    for m in methods[1:]:
+        assert outs[m] == outs["none"], m  # greedy speculation with the trained drafters is lossless
+
+
+def test_a_rerun_resumes_and_another_runs_state_is_refused(run, capsys):
+    tmp, _, heads, draft = run
+    capsys.readouterr()
+    train_heads.main(heads)
+    train_draft.main(draft)
+    out = capsys.readouterr().out
+    assert out.count("resumed at step") == 2
+    with pytest.raises(SystemExit, match="another training run"):
+        train_heads.main(heads[:-4] + ["--lr", "0.002"] + heads[-4:])
+    more = _conversations(tmp / "more.jsonl", 30, seed=1)
+    with pytest.raises(SystemExit, match="another training run"):
+        train_draft.main([str(more) if a == str(tmp / "data.jsonl") else a for a in draft])
