@@ -22,9 +22,8 @@ TEMPERATURE, TOP_P = 0.9, 0.95
 TRIALS = 1500
 # Trees of depth 2, which decides the second token: each tree node costs a top-p sort
 # of the 49152-token vocabulary, so the default trees (16 to 64 nodes) would spend
-# minutes here without testing anything more about that token. (No EAGLE top_k here:
-# `request` would take it for the sampling top-k too.)
-SMALL_TREES = {"eagle2": dict(depth=2, total_tokens=6), "draft_model": dict(num_draft_tokens=2),
+# minutes here without testing anything more about that token.
+SMALL_TREES = {"eagle2": dict(depth=2, tree_top_k=3, total_tokens=6), "draft_model": dict(num_draft_tokens=2),
                "medusa": dict(choices="[[0],[1],[2],[0,0],[0,1],[1,0]]")}
 
 
