@@ -84,3 +84,13 @@ def test_a_rerun_resumes_and_another_runs_state_is_refused(run, capsys):
     more = _conversations(tmp / "more.jsonl", 30, seed=1)
     with pytest.raises(SystemExit, match="another training run"):
         train_draft.main([str(more) if a == str(tmp / "data.jsonl") else a for a in draft])
+
+
+def test_without_medusa_only_the_eagle_heads_are_written(run):
+    tmp, family, heads, _ = run
+    out = tmp / "eagle_only"
+    args = [str(out) if a == str(tmp / "out") else a for a in heads]
+    args = [str(tmp / "work_eagle_only") if a == str(tmp / "work") else a for a in args]
+    train_heads.main(args + ["--medusa-heads", "0"])
+    assert sorted(p.name for p in out.iterdir()) == ["eagle", "eagle3"]
+    assert json.loads((out / "eagle" / "training.json").read_text())["steps"] > 1

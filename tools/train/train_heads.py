@@ -223,7 +223,7 @@ def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_
     draft_target = torch.softmax(hidden @ draft_rows.T, dim=-1)
     loss_3, acc_3 = eagle3_ttt_loss(heads.eagle3, ids, aux, draft_target, weight, ttt_steps)
     # Medusa: head k at row t proposes the token the target predicts at row t + 1 + k.
-    loss_m, acc_m = 0.0, []
+    loss_m, acc_m = torch.zeros(()), []
     rows = lm_head[train_rows]
     for k, block in enumerate(heads.medusa):
         m_logits = block(hidden) @ rows.T
@@ -234,15 +234,23 @@ def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_
 
 
 def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict) -> None:
-    from safetensors.torch import save_file
-
     D = heads.eagle3.lm_head.weight.shape[0]
     heads.eagle.save_pretrained(out / "eagle", head_config(
         base_cfg, architectures=["LlamaForCausalLM"], bias=True, specdec_score_temperature=SCORE_TEMPERATURE))
     heads.eagle3.save_pretrained(out / "eagle3", head_config(
         base_cfg, architectures=["LlamaForCausalLMEagle3"], bias=False, draft_vocab_size=D,
         target_hidden_size=shape.hidden_size, specdec_score_temperature=SCORE_TEMPERATURE))
-    medusa_dir = out / "medusa"
+    names = ["eagle", "eagle3"]
+    if len(heads.medusa):  # --medusa-heads 0: Medusa not trained here, its checkpoint left as it is
+        names.append("medusa")
+        save_medusa(heads, shape, out / "medusa")
+    for name in names:
+        (out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def save_medusa(heads: Heads, shape, medusa_dir: Path) -> None:
+    from safetensors.torch import save_file
+
     medusa_dir.mkdir(parents=True, exist_ok=True)
     state = {f"{k}.0.{name}": t.detach().to(torch.float16).contiguous()
              for k, block in enumerate(heads.medusa) for name, t in block.state_dict().items()}
@@ -250,8 +258,6 @@ def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict) -> No
     (medusa_dir / "config.json").write_text(json.dumps(dict(
         medusa_num_heads=len(heads.medusa), medusa_num_layers=1, base_model_name_or_path="../base",
         hidden_size=shape.hidden_size, vocab_size=shape.vocab_size), indent=2) + "\n")
-    for name in ("eagle", "eagle3", "medusa"):
-        (out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -265,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ttt-steps", type=int, default=4)
-    ap.add_argument("--medusa-heads", type=int, default=4)
+    ap.add_argument("--medusa-heads", type=int, default=4, help="0: train and write only the EAGLE heads")
     ap.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3's draft vocabulary")
     ap.add_argument("--train-vocab", type=int, default=8192, help="tokens the EAGLE-1/Medusa losses rank over")
     ap.add_argument("--noise", type=float, default=0.1, help="EAGLE-1 input-feature noise, uniform in ±noise")
