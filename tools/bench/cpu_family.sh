@@ -11,8 +11,8 @@
 #              each EAGLE set (first turn, chat template), up to 128 new tokens stopping at
 #              the end of the turn, batch 1, temperature 0, adaptive speculation off
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
-# concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 adaptive vs EAGLE-2 with a
-#              fixed tree at 1-32 concurrent requests
+# concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 and EAGLE-3 adaptive vs
+#              EAGLE-3 with a fixed 16-node tree at 1-32 concurrent requests
 # genai-perf   tools/bench/genai_perf_run.sh: GenAI-Perf at concurrency 1 against the served
 #              ensemble: plain decoding, EAGLE-2 and EAGLE-3 as tools/serve.sh serves them
 set -euo pipefail
@@ -41,7 +41,8 @@ for stage in "${stages[@]}"; do
         --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
     concurrency)
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
-        --concurrency 1,2,4,8,16,32 --num-requests 32 --output-tokens 48 --eagle-total-tokens 16 \
+        --configs plain,eagle2,eagle3,eagle3-fixed --concurrency 1,2,4,8,16,32 --num-requests 32 \
+        --output-tokens 32 --eagle-total-tokens 16 \
         --report-json "$OUT/concurrency.json" --plot "$OUT/concurrency.png" ;;
     genai-perf)  # its repositories, logs and artifacts stay in .cache; the comparison comes here
       REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf

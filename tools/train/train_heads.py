@@ -21,7 +21,9 @@ layouts, less what setup derives from the target (`tools/setup_model.py`): Medus
 head projections (the target's LM head, frozen here) are not written.
 
 Seeded and resumable: a state file in `--work` is written every `--save-every` steps;
-rerunning the same command goes on from it. `--snapshots` saves the EAGLE heads after
+rerunning the same command goes on from it, and a state that another run left there
+(other data or settings) is refused rather than resumed. `--medusa-heads 0` trains
+and writes the EAGLE heads only. `--snapshots` saves the EAGLE heads after
 that many answer tokens (comma list), for the learning curve.
 
     python tools/train/train_heads.py --base .cache/smollm2/base --data .cache/data/self_distill.jsonl \
