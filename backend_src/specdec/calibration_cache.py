@@ -139,6 +139,8 @@ def fingerprint(engine, trees: dict) -> dict:
         "engine_source": _source_digest(),
         "dtype": config.dtype,
         "packed_linears": engine.packed_linears,  # oneDNN on or off (SPECDEC_CPU_ONEDNN)
+        # the row counts whose target matmuls take oneDNN, as measured at this load
+        "onednn_rows": None if engine.row_routing is None else sorted(engine.row_routing.onednn_rows),
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
         "config": {name: getattr(config, name) for name in CONFIG_FIELDS},

@@ -34,7 +34,7 @@ from .memory import free_device_bytes, kv_budget
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
 from .models.layers import causal_mask
-from .models.cpu_linear import use_packed_cpu_linears
+from .models.cpu_linear import RowRouting, choose_row_paths, packed_layers, use_packed_cpu_linears
 from .models.llama import LlamaModel
 from .ops.kv_compact import kv_compact
 from .ops.tree_mask import TreeBuffers, build_tree
@@ -105,11 +105,20 @@ class Engine:
         # Weights first (caches of one slot), then as many slots as the KV budget allows.
         loaded = load_drafters(config, self.target, self.max_context + 1, slots=1)
         self.drafters = loaded.drafters
-        self.packed_linears = 0  # float32 CPU: multi-row matmuls through oneDNN (models/cpu_linear.py)
+        # float32 CPU: multi-row matmuls through oneDNN where it measures faster (models/cpu_linear.py)
+        self.packed_linears = 0
+        self.row_routing: Optional[RowRouting] = None  # the target's
         if self.device.type == "cpu" and dtype == torch.float32:
             modules = [self.target] + [m for d in {id(d): d for d in loaded.drafters.values()}.values()
                                        for m in vars(d).values() if isinstance(m, torch.nn.Module)]
             self.packed_linears = sum(use_packed_cpu_linears(m) for m in modules)
+            routed: set[int] = set()  # a drafter holding the target's modules leaves their routing alone
+            for i, m in enumerate(modules):
+                layers = [lin for lin in packed_layers(m) if id(lin) not in routed]
+                routing = choose_row_paths(layers)
+                routed |= {id(lin) for lin in layers}
+                if i == 0:
+                    self.row_routing = routing
         cached = [d for d in {id(d): d for d in loaded.drafters.values()}.values() if hasattr(d, "allocate")]
         positions = self.max_context + 1
         # The target's slots carry MAX_TREE spare positions past the context: a step pads
@@ -150,8 +159,11 @@ class Engine:
             graphs = (f"CUDA graphs for the decode-time forwards (target, drafters) of <= {self.graphs.max_batch} "
                       "requests"
                       + ("" if self.graphs.capture else " (emulated on CPU: padded static forwards, no capture)"))
-        packed = (f"{self.packed_linears} float32 linears take multi-row inputs through oneDNN"
-                  if self.packed_linears else None)
+        packed = None
+        if self.packed_linears:
+            routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
+            packed = (f"{self.packed_linears} float32 linears can take multi-row inputs through oneDNN "
+                      f"(the target, measured at load: {routing})")
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), graphs, packed,
                                                  describe(self.policy)]))
 
