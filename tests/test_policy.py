@@ -5,6 +5,7 @@ The choice tests give the policy a synthetic `StepCost` (no timing), so what the
 assert follows from the costs, not from this machine's speed."""
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 from typing import Optional
@@ -13,7 +14,8 @@ import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
-from specdec.policy import FIRST_BACKOFF, REPLAN_STEPS, SPECULATE_MARGIN, SpeculationPolicy
+from specdec.policy import (DECAY, FIRST_BACKOFF, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN, SpeculationPolicy,
+                            _depth_share, _measured_shares)
 from specdec.drafters.base import TreeSettings
 from specdec.step_cost import StepCost
 
@@ -151,7 +153,9 @@ def test_one_pass_rates_equal_the_reference_model():
                   "pinned": TreeSettings(method="eagle2", total_tokens=12, pinned=True),
                   "none": TreeSettings(method="none")}[kind]
             s = SimpleNamespace(settings=st, adaptive=None, cached_len=rng.randrange(0, 300))
-            policy._stats(s).mean = rng.uniform(0.0, 5.0)
+            policy._stats(s).prior = rng.uniform(0.0, 5.0)
+            if rng.random() < 0.5:  # and some drafted a size before
+                policy._stats(s).observe(rng.choice([2, 4, 8]), rng.uniform(0.0, 4.0), start=1.0)
             batch.append(s)
         budgets = [policy.full_nodes(s.settings) for s in batch]
         full = {i: n for i, (s, n) in enumerate(zip(batch, budgets)) if n > 1 and not s.settings.pinned}
@@ -162,6 +166,50 @@ def test_one_pass_rates_equal_the_reference_model():
         for size in [1] + sizes:
             ref = [min(full[i], size) if i in full else n for i, n in enumerate(budgets)]
             assert rates[size] == pytest.approx(policy._rate(batch, ref), rel=1e-12), size
+
+
+def test_measured_shares_stay_between_the_log_scale_and_one_and_grow_with_the_tree():
+    rng = random.Random(3)
+    for _ in range(200):
+        accepted = {n: rng.uniform(0.0, 2.0) for n in (16, 8, 4, 2) if n == 16 or rng.random() < 0.8}
+        shares = _measured_shares(accepted, 16)
+        if accepted[16] == 0.0:
+            assert shares == {}
+            continue
+        assert set(shares) == set(accepted) and shares[16] == 1.0
+        sizes = sorted(shares)
+        assert all(shares[a] <= shares[b] for a, b in zip(sizes, sizes[1:]))
+        assert all(_depth_share(n, 16) <= shares[n] <= 1.0 for n in sizes)
+    # a plausible measurement stays as measured
+    assert _measured_shares({16: 1.0, 8: 0.9, 4: 0.8, 2: 0.5}, 16) == {16: 1.0, 8: 0.9, 4: 0.8, 2: 0.5}
+    assert _measured_shares({16: 0.0, 2: 0.4}, 16) == {}
+
+
+def test_measured_shares_let_a_small_tree_pay_where_the_log_scale_would_not():
+    """Verify costs one plain step plus 12 % up to 3 tokens and doubles from 4 on (a CPU
+    whose sgemm takes 2-3 rows for the price of one); a 16-node tree accepts 1 draft a
+    step. On the log scale a 2-node tree keeps a quarter of that and loses to plain
+    steps; measured, it keeps half and wins, and observations of it count as that
+    share of a full tree's."""
+    bs, ns = StepCost.grid(1, FULL)
+    cost = StepCost(bs, ns)
+    for N in ns:
+        cost.set_verify(1, N, 0.030 * (1.12 if N <= 3 else 2.0))
+    for n in (16, 8, 4, 2):
+        cost.draft[("eagle2", n)] = {1: 0.001}
+    cost.set_verify(1, 1, 0.030)
+    policy = policy_with(cost, accept=1.0)
+    assert chosen_nodes(policy, states(1)) == [1]  # log scale: 1.25 tokens for 1.15 steps
+    policy = policy_with(cost, accept=1.0)
+    policy.accept_share["eagle2"] = _measured_shares({16: 1.0, 8: 0.9, 4: 0.8, 2: 0.5}, 16)
+    batch = states(1)
+    assert chosen_nodes(policy, batch) == [2]  # 1.5 tokens for 1.15 steps
+    assert policy._share("eagle2", 3, 16) == pytest.approx(0.5 + 0.3 * math.log2(1.5))  # between 2 and 4
+    assert policy._share("eagle2", 2, 32) == _depth_share(2, 32)  # another full tree: not measured
+    policy.observe(batch[0], drafted=1, accepted=1)  # a 2-node tree accepting its draft
+    at_2 = 0.5 + (1.0 - 0.5) / (DECAY * PRIOR_WEIGHT + 1.0)  # from the prior's 0.5 a step
+    assert policy._expected_accept(batch[0], 2) == pytest.approx(at_2)
+    assert policy._expected_accept(batch[0], 4) == pytest.approx(at_2 * 0.8 / 0.5)  # scaled by the shares
 
 
 def test_smaller_trees_draft_shallower_and_narrower():
@@ -239,16 +287,19 @@ def test_a_plan_without_trees_holds_a_few_steps_unless_the_batch_changes(monkeyp
     changes."""
     cost = synthetic_cost(per_token=1e-2, fixed=0.0, draft_per_request=1e-3)
     policy = policy_with(cost, accept=3.0)
-    planned = []
+    planned, probe_checks = [], []
     rates = policy._rates
-    monkeypatch.setattr(policy, "_rates", lambda *args: planned.append(policy._step) or rates(*args))
+    monkeypatch.setattr(policy, "_rates", lambda *args: (probe_checks if args[3] == [2] else planned).append(
+        policy._step) or rates(*args))
     batch = states(8)
     for _ in range(4 * REPLAN_STEPS):
         assert chosen_nodes(policy, batch) == [1] * 8
     # Planned at step 1; paused requests (steps 2 .. FIRST_BACKOFF) need no plan; then the
-    # same batch with the same estimates is planned once per REPLAN_STEPS steps.
+    # same batch with the same estimates is planned at most once per REPLAN_STEPS steps.
     assert FIRST_BACKOFF < REPLAN_STEPS
     assert planned == list(range(1, 4 * REPLAN_STEPS + 1, REPLAN_STEPS)), planned
+    # Probes would cost too much here; due ones are weighed only when a plan is made.
+    assert probe_checks and set(probe_checks) <= set(planned), (probe_checks, planned)
     joined = batch + states(1)
     chosen_nodes(policy, joined)
     assert planned[-1] == policy._step  # a newcomer: planned at once
@@ -256,6 +307,31 @@ def test_a_plan_without_trees_holds_a_few_steps_unless_the_batch_changes(monkeyp
         cost.set_verify(B, N, 1e-2 + 1e-6 * B * N)
     picks = [chosen_nodes(policy, joined)[0] for _ in range(REPLAN_STEPS)]
     assert picks[-1] == FULL and picks.count(1) < REPLAN_STEPS, picks
+
+
+def test_a_probe_turned_down_at_the_prior_still_drafts_the_smallest_tree_when_cheap():
+    """Verify costs a plain step plus 5 % up to 3 tokens; the prior (measured at load on
+    other text) says trees do not pay. The request still probes with a 2-node tree once
+    its wait is over; observed drafts that match then keep its tree, and drafts that do
+    not send it back to plain steps with ever longer waits."""
+    bs, ns = StepCost.grid(1, FULL)
+    cost = StepCost(bs, ns)
+    for N in ns:
+        cost.set_verify(1, N, 0.030 * (1.05 if N <= 3 else 2.0))
+    cost.set_verify(1, 1, 0.030)
+    for n in (16, 8, 4, 2):
+        cost.draft[("eagle2", n)] = {1: 0.001 * n}
+    matching = policy_with(cost, accept=0.1)
+    picks = run_steps(matching, states(1), [1] * 40)
+    first = picks.index(2)  # the first plan after the wait (a plan without trees is held a few steps)
+    assert FIRST_BACKOFF <= first <= REPLAN_STEPS and set(picks[:first]) == {1}, picks
+    assert picks[-10:] == [2] * 10, picks  # its own acceptance (1 of 1) pays for 2-node trees
+    failing = policy_with(cost, accept=0.1)
+    picks = run_steps(failing, states(1), [0] * 200)
+    probes = [k for k, n in enumerate(picks) if n > 1]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert FIRST_BACKOFF <= probes[0] <= REPLAN_STEPS and gaps == sorted(gaps) and gaps[-1] >= 32, probes
+    assert len(probes) <= 8
 
 
 def test_pinned_requests_keep_their_tree():

@@ -34,7 +34,7 @@ from .config import EngineConfig
 from .step_cost import StepCost
 
 LOG = logging.getLogger("specdec")
-FORMAT = 1  # of the file; bump when `Calibration` or the fingerprint changes shape
+FORMAT = 2  # of the file; bump when `Calibration` or the fingerprint changes shape
 OFF = "off"
 # Config fields that change what calibration measures (the device, dtype, checkpoints and
 # context enter the fingerprint separately; the slots through the KV budget).
@@ -53,6 +53,8 @@ class Calibration:
     seconds_per_token: dict[int, float]  # tree size -> seconds per generated token (empty: not timed)
     prior_accept: dict[str, float]  # method -> accepted drafts per full-tree step
     cost: Optional[StepCost]  # the step costs (None: adaptive speculation off)
+    # method -> {tree size: share of the full tree's accepted drafts} (measured sizes only)
+    accept_share: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +204,8 @@ def _encode(c: Calibration) -> dict:
                 "ratio": [[_lists(k), r, n] for k, (r, n) in c.cost._ratio.items()]}
     return {"total_tokens": c.total_tokens,
             "seconds_per_token": [[n, t] for n, t in c.seconds_per_token.items()],
-            "prior_accept": c.prior_accept, "cost": cost}
+            "prior_accept": c.prior_accept, "cost": cost,
+            "accept_share": {m: [[n, s] for n, s in shares.items()] for m, shares in c.accept_share.items()}}
 
 
 def _decode(data: dict) -> Calibration:
@@ -222,7 +225,9 @@ def _decode(data: dict) -> Calibration:
     return Calibration(total_tokens=total,
                        seconds_per_token={int(n): float(t) for n, t in data["seconds_per_token"]},
                        prior_accept={str(m): float(a) for m, a in dict(data["prior_accept"]).items()},
-                       cost=cost)
+                       cost=cost,
+                       accept_share={str(m): {int(n): float(s) for n, s in shares}
+                                     for m, shares in dict(data.get("accept_share", {})).items()})
 
 
 def _lists(key):

@@ -7,7 +7,9 @@
   size by timing generation with each candidate size (EAGLE-2's `total_token=-1`,
   measured end to end with the drafter); with adaptive speculation on, measures the
   step costs of `step_cost.StepCost` (verify forward by batch and tree size, drafting
-  by method, tree size and batch) and each drafter's acceptance. The results are saved
+  by method, tree size and batch) and each drafter's acceptance, with the share of it
+  that each smaller tree the plan can pick keeps (a 2-node EAGLE-3 tree kept about half
+  of a 16-node tree's accepted drafts, not the log scale's quarter). The results are saved
   and reused by the next load on the same setup (`calibration_cache.py`).
 - `plan` (every step): adaptive speculation. The batch's speculating requests get
   trees of N nodes (their full trees, halves, quarters, ... or none: plain decoding;
@@ -15,13 +17,16 @@
   maximises the step's expected tokens per second under the measured cost of the one
   verify forward (B requests x N nodes) plus batched drafting, a tree only where it
   beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
-  Expected accepted tokens come from each request's recent acceptance, starting from
-  its method's (`AdaptiveState`), so requests whose drafts stop matching, and large
-  batches, speculate less. A request whose speculation is off probes it again after
-  `FIRST_BACKOFF` steps, waiting twice as long after each probe after which the plan
-  still turned its tree down (at τ 1.25 most probes accept something, and resetting the
-  wait after any acceptance kept such requests probing every few steps). A batch whose plan turned every tree down is planned again after
-  `REPLAN_STEPS` steps, or as soon as it changes. Requests that pinned their tree
+  Expected accepted tokens come from each request's recent acceptance at each tree
+  size it drafted, starting from its method's (`AdaptiveState`), so requests whose
+  drafts stop matching, and large batches, speculate less. A request whose speculation
+  is off probes it again after `FIRST_BACKOFF` steps: judged at its method's prior, and
+  if the plan still turns its tree down, with a 2-node tree where that costs the step
+  little (`PROBE_MAX_LOSS`), since the prior was measured on other text. It waits twice
+  as long after each probe after which the plan still turned its tree down (at τ 1.25
+  most probes accept something, and resetting the wait after any acceptance kept such
+  requests probing every few steps). A batch whose plan turned every tree down is
+  planned again after `REPLAN_STEPS` steps, or as soon as it changes. Requests that pinned their tree
   size, and configs with `adaptive_speculation: false`, are left alone.
 """
 from __future__ import annotations
@@ -60,6 +65,11 @@ SPECULATE_MARGIN = 0.10
 PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
 MAX_BACKOFF = 64  # ... doubled after each probe the plan did not follow with a tree, up to this
+# A probe the plan turns down at the method's prior acceptance is still made with the
+# smallest tree (2 nodes) when that costs the step at most this share of its modelled
+# rate: the prior was measured at load on text that is not the request's, and only a
+# drafted tree measures the request's own acceptance.
+PROBE_MAX_LOSS = 0.15
 # A batch whose plan turned every tree down keeps that plan this many steps, unless it
 # changes (a request joins, leaves, or ends a pause): under full load, where no tree
 # pays, re-planning every step was most of what adaptive speculation cost per step.
@@ -68,30 +78,35 @@ REPLAN_STEPS = 8
 
 @dataclasses.dataclass
 class AdaptiveState:
-    """Per-request acceptance (kept on the RequestState), counted in full-tree
-    equivalents: `a` drafts accepted from an n-node tree count as
-    a x log2(full) / log2(n) (deeper levels of a tree add less and less)."""
+    """Per-request acceptance (kept on the RequestState): accepted drafts per step at each
+    tree size the request drafted, exponentially weighted (`SpeculationPolicy._expected_accept`
+    says how sizes it did not draft are estimated)."""
 
     prior: float  # the method's accepted drafts per full-tree step, measured at load
-    mean: float  # exponentially weighted mean; starts at the prior
-    weight: float = PRIOR_WEIGHT  # total weight behind the mean (the prior's, at first)
+    at_size: dict = dataclasses.field(default_factory=dict)  # nodes -> [mean accepted per step, weight]
+    last_size: int = 0  # the tree size drafted last (0: none since the last probe)
+    observed: int = 0  # observations so far (part of a held plan's key)
     off_steps: int = 0  # consecutive steps without speculation
     backoff: int = FIRST_BACKOFF  # off steps before the next probe
     probing: bool = False  # this step's speculation is a probe after being off
     drafted: bool = False  # the drafter ran for it once (caught up on the prompt)
     shrunk: dict = dataclasses.field(default_factory=dict)  # nodes -> the request's settings cut to them
 
-    def estimate(self) -> float:
-        """Expected full-tree acceptance; at a probe the stale mean gives way to the prior
-        (the probe is judged as a new request would be)."""
-        return self.prior if self.off_steps >= self.backoff else self.mean
+    @property
+    def probe_due(self) -> bool:
+        return self.off_steps >= self.backoff
 
-    def observe(self, full_equivalent: float) -> None:
-        """Older observations (and the prior) keep DECAY of their weight: the mean
-        follows the last ~5 steps, so one bad step among good ones (code) does not
-        switch speculation off, and drafts that stopped matching do."""
-        self.weight = DECAY * self.weight + 1.0
-        self.mean += (full_equivalent - self.mean) / self.weight
+    def observe(self, nodes: int, accepted: float, start: float) -> None:
+        """One step of `nodes` nodes accepted `accepted` drafts; a size's first step
+        starts its mean at `start` (the estimate it replaces) with PRIOR_WEIGHT. Older
+        observations keep DECAY of their weight: the mean follows the last ~5 steps, so
+        one bad step among good ones (code) does not switch speculation off, and drafts
+        that stopped matching do."""
+        entry = self.at_size.setdefault(nodes, [start, PRIOR_WEIGHT])
+        entry[1] = DECAY * entry[1] + 1.0
+        entry[0] += (accepted - entry[0]) / entry[1]
+        self.last_size = nodes
+        self.observed += 1
 
 
 class SpeculationPolicy:
@@ -104,11 +119,15 @@ class SpeculationPolicy:
         self.calibration: dict[int, float] = {}  # EAGLE-2/3 tree size -> seconds per token
         self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
+        # method -> {tree size: share of the full tree's accepted drafts}, measured at load
+        # over the sizes the plan picks from (full tree, halves, ...); keys include the full tree
+        self.accept_share: dict[str, dict[int, float]] = {}
         self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
         self.calibration_note: Optional[str] = None  # for the load log: measured or cached, and where
         self._step = 0  # plans made
         # After a plan that turned every tree down: (what it was planned from, its step)
         self._denied: Optional[tuple[tuple, int]] = None
+        self._held = False  # the last `_best_size` returned a held plan without trees
 
     # -- at submit -----------------------------------------------------------------------
     def resolve(self, req: GenerationRequest) -> TreeSettings:
@@ -181,6 +200,8 @@ class SpeculationPolicy:
             best = self._best_size(states, budgets, full)
             for i in active:
                 budgets[i] = min(full[i], best)
+            if not self._held:
+                self._probe_smallest(states, budgets, [i for i in active if budgets[i] <= 1])
         out = []
         for s, n in zip(states, budgets):
             st = s.settings
@@ -200,6 +221,25 @@ class SpeculationPolicy:
                 out.append(st)
         return out
 
+    @staticmethod
+    def _estimate_key(stats: AdaptiveState) -> int:
+        """Changes whenever the request's estimates do: with each observation, and when a
+        due probe switches them to the prior (the same estimates before any observation)."""
+        return 0 if stats.probe_due else stats.observed
+
+    def _probe_smallest(self, states: list, budgets: list[int], turned_down: list[int]) -> None:
+        """Requests in `turned_down` whose probe is due (their wait is over) get a 2-node
+        tree when the step's modelled rate stays within PROBE_MAX_LOSS of the plan's
+        (where trees cost much, as under full load, it does not). Weighed when a plan is
+        made, not while a plan without trees is held."""
+        due = [i for i in turned_down if self._stats(states[i]).off_steps >= self._stats(states[i]).backoff > 0]
+        if not due:
+            return
+        rates = self._rates(states, budgets, {i: 2 for i in due}, [2])  # 1: as planned; 2: with the probes
+        if rates[2] >= (1 - PROBE_MAX_LOSS) * rates[1]:
+            for i in due:
+                budgets[i] = 2
+
     def _best_size(self, states: list, budgets: list[int], full: dict[int, int]) -> int:
         """The batch's tree size N for the adaptive requests in `full` (1: no tree): the
         one with the most expected tokens per second, a tree only past the margin. A plan
@@ -207,8 +247,10 @@ class SpeculationPolicy:
         their estimates stay as they were (the estimates do not move while nothing is
         drafted); only the costs drift meanwhile, and slowly."""
         key = (tuple(id(s) for s in states), tuple(full.items()),
-               tuple(self._stats(states[i]).estimate() for i in full))
-        if self._denied is not None and self._denied[0] == key and self._step - self._denied[1] < REPLAN_STEPS:
+               tuple(self._estimate_key(self._stats(states[i])) for i in full))
+        self._held = (self._denied is not None and self._denied[0] == key
+                      and self._step - self._denied[1] < REPLAN_STEPS)
+        if self._held:
             return 1
         sizes = _ladder(max(full.values()))
         rates = self._rates(states, budgets, full, sizes)
@@ -236,11 +278,40 @@ class SpeculationPolicy:
         and cut to its budget after; the others draft `n` nodes."""
         return self.full_nodes(st) if st.method in ("eagle", "medusa") else n
 
+    def _share(self, method: str, nodes: int, full: int) -> float:
+        """Share of a full tree's accepted drafts that `nodes` nodes keep: measured at
+        load for the method's full tree (between measured sizes: interpolated over
+        log2 of the size), else `_depth_share`."""
+        measured = self.accept_share.get(method)
+        if not measured or full not in measured or nodes >= full:
+            return _depth_share(nodes, full)
+        if nodes in measured:
+            return measured[nodes]
+        sizes = sorted(measured)
+        below = [s for s in sizes if s < nodes]
+        above = [s for s in sizes if s > nodes]
+        if not below:  # smaller than any measured size: scaled from the smallest on the log scale
+            return measured[sizes[0]] * _depth_share(nodes, sizes[0])
+        lo, hi = below[-1], above[0]
+        w = (math.log2(nodes) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        return measured[lo] + w * (measured[hi] - measured[lo])
+
     def _expected_accept(self, state, nodes: int) -> float:
-        """Expected accepted drafts with a `nodes` budget."""
+        """Expected accepted drafts per step of a request with a `nodes` budget: its own
+        mean at that size when it drafted it; else its mean at the size it drafted last,
+        scaled by the two sizes' shares of a full tree's acceptance; else (and at a probe,
+        which judges the request as new) the method's prior times the size's share."""
         if nodes <= 1:
             return 0.0
-        return self._stats(state).estimate() * _depth_share(nodes, self.full_nodes(state.settings))
+        stats = self._stats(state)
+        method, full = state.settings.method, self.full_nodes(state.settings)
+        if not stats.probe_due:
+            if nodes in stats.at_size:
+                return stats.at_size[nodes][0]
+            if stats.last_size:
+                last = stats.last_size
+                return stats.at_size[last][0] * self._share(method, nodes, full) / self._share(method, last, full)
+        return stats.prior * self._share(method, nodes, full)
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         """Expected emitted tokens per second of a step with these node budgets: each
@@ -265,21 +336,19 @@ class SpeculationPolicy:
                 n_fixed = max(n_fixed, n)
                 if n > 1:
                     drafting_fixed[(s.settings.method, self.draft_nodes(s.settings, n))] += 1
-        groups: dict[tuple[str, int], list] = {}  # (method, full tree) -> [requests, sum of estimates, settings]
+        groups: dict[tuple[str, int], list] = {}  # (method, full tree) -> [its requests, settings]
         for i, f in full.items():
             st = states[i].settings
-            group = groups.setdefault((st.method, f), [0, 0.0, st])
-            group[0] += 1
-            group[1] += self._stats(states[i]).estimate()
+            groups.setdefault((st.method, f), [[], st])[0].append(states[i])
         rates = {}
         for size in [1] + sizes:
             tokens, N, drafting = tokens_fixed + len(full), n_fixed, collections.Counter(drafting_fixed)
-            for (method, f), (count, estimates, st) in groups.items():
+            for (method, f), (members, st) in groups.items():
                 n = min(f, size)
                 N = max(N, n)
                 if n > 1:
-                    tokens += estimates * _depth_share(n, f)
-                    drafting[(method, self.draft_nodes(st, n))] += count
+                    tokens += sum(self._expected_accept(s, n) for s in members)
+                    drafting[(method, self.draft_nodes(st, n))] += len(members)
             cost = self.cost.verify_seconds(len(states), N, key_len)
             cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
             rates[size] = tokens / max(cost, 1e-9)
@@ -288,14 +357,15 @@ class SpeculationPolicy:
     def _stats(self, state) -> AdaptiveState:
         if state.adaptive is None:
             prior = self.prior_accept.get(state.settings.method, PRIOR_ACCEPT)
-            state.adaptive = AdaptiveState(prior=prior, mean=prior)
+            state.adaptive = AdaptiveState(prior=prior)
         return state.adaptive
 
     def observe(self, state, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
         stats = self._stats(state)
-        stats.observe(accepted / _depth_share(drafted + 1, self.full_nodes(state.settings)))
+        nodes = drafted + 1
+        stats.observe(nodes, accepted, start=self._expected_accept(state, nodes))
 
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
@@ -345,6 +415,7 @@ class SpeculationPolicy:
             return
         failed = cache.save(Calibration(total_tokens=self.total_tokens, seconds_per_token=dict(self.calibration),
                                         prior_accept=dict(self.prior_accept),
+                                        accept_share={m: dict(s) for m, s in self.accept_share.items()},
                                         cost=self.cost if self.cost.ready else None))
         self.calibration_note += (f" ({why}), saved to {cache.path}" if failed is None
                                   else f" ({why}); could not save it to {cache.path}: {failed}")
@@ -353,6 +424,7 @@ class SpeculationPolicy:
         self.total_tokens = saved.total_tokens
         self.calibration = dict(saved.seconds_per_token)
         self.prior_accept = dict(saved.prior_accept)
+        self.accept_share = {m: dict(s) for m, s in saved.accept_share.items()}
         if saved.cost is not None:
             self.cost = saved.cost
 
@@ -400,6 +472,7 @@ class SpeculationPolicy:
             sizes = [self.full_nodes(full)]
             if method in ("eagle2", "eagle3", "draft_model"):
                 sizes = _ladder(sizes[0])
+            accepted: dict[int, float] = {}  # tree size -> accepted drafts per step (B = 1)
             for size in sizes:
                 st = full if size == sizes[0] else self._shrunk(full, size)
                 spec = SpecParams(method=method, depth=st.depth, top_k=st.top_k, total_tokens=st.total_tokens,
@@ -414,9 +487,14 @@ class SpeculationPolicy:
                     self._recording = None
                     if times:
                         points[B] = sorted(times)[len(times) // 2]
-                    if B == 1 and size == sizes[0] and last.stats.target_forwards:
-                        self.prior_accept[method] = last.stats.total_accepted_draft_tokens / last.stats.target_forwards
+                    if B == 1 and last.stats.target_forwards:
+                        accepted[size] = last.stats.total_accepted_draft_tokens / last.stats.target_forwards
                 self.cost.draft[(method, self.draft_nodes(st, size))] = points
+            if sizes[0] in accepted:
+                self.prior_accept[method] = accepted[sizes[0]]
+            shares = _measured_shares(accepted, sizes[0])
+            if shares:
+                self.accept_share[method] = shares
 
     def _choose_total_tokens(self, engine) -> None:
         """Chooses the EAGLE-2/3 tree size (eagle_total_tokens 0) by timing one generation
@@ -473,8 +551,24 @@ def _ladder(full: int) -> list[int]:
 
 
 def _depth_share(nodes: int, full: int) -> float:
-    """Share of a full tree's accepted drafts that an n-node tree keeps (log scale)."""
+    """Share of a full tree's accepted drafts that an n-node tree keeps, when it was not
+    measured (log scale: deeper levels of a tree add less and less)."""
     return math.log2(max(nodes, 1)) / max(1e-9, math.log2(max(full, 2)))
+
+
+def _measured_shares(accepted: dict[int, float], full: int) -> dict[int, float]:
+    """Each size's accepted drafts per step over the full tree's (`accepted`: size ->
+    per step at batch 1; sizes halving from `full`), kept between the log-scale share
+    and 1 and non-decreasing with the size: calibration's generations are short, and a
+    smaller tree cannot accept more. Empty when the full tree accepted nothing."""
+    if accepted.get(full, 0.0) <= 0.0:
+        return {}
+    shares, floor = {}, 0.0
+    for size in sorted(accepted):
+        share = min(1.0, max(_depth_share(size, full), floor, accepted[size] / accepted[full]))
+        shares[size] = floor = share
+    shares[full] = 1.0
+    return shares
 
 
 def _run_together(engine, requests: list[GenerationRequest]):
