@@ -334,6 +334,26 @@ def test_a_probe_turned_down_at_the_prior_still_drafts_the_smallest_tree_when_ch
     assert len(probes) <= 8
 
 
+def test_a_new_request_starts_from_what_served_requests_of_its_method_accepted():
+    """The prior (measured at load, on other text) says 2-node trees do not pay; the
+    first request finds out by probing that they do; the next request of the method
+    drafts from its first plan, and a request of another full tree size does not."""
+    bs, ns = StepCost.grid(1, FULL)
+    cost = StepCost(bs, ns)
+    for N in ns:
+        cost.set_verify(1, N, 0.030 * (1.05 if N <= 3 else 2.0))
+    cost.set_verify(1, 1, 0.030)
+    for n in (16, 8, 4, 2):
+        cost.draft[("eagle2", n)] = {1: 0.001 * n}
+    policy = policy_with(cost, accept=0.1)
+    assert chosen_nodes(policy, states(1)) == [1]
+    first = run_steps(policy, states(1), [1] * 30)
+    assert first[-1] == 2 and first[0] == 1
+    assert chosen_nodes(policy, states(1)) == [2]
+    other = [SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=8), adaptive=None, cached_len=0)]
+    assert chosen_nodes(policy, other) == [1]
+
+
 def test_pinned_requests_keep_their_tree():
     policy = policy_with(synthetic_cost(per_token=1e-3, fixed=0.0, draft_per_request=1.0), accept=0.1)
     batch = states(4)

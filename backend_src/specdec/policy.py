@@ -18,7 +18,8 @@
   verify forward (B requests x N nodes) plus batched drafting, a tree only where it
   beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
   Expected accepted tokens come from each request's recent acceptance at each tree
-  size it drafted, starting from its method's (`AdaptiveState`), so requests whose
+  size it drafted (`AdaptiveState`), starting from what served requests of its method
+  accepted at that size (before any: the prior measured at load), so requests whose
   drafts stop matching, and large batches, speculate less. A request whose speculation
   is off probes it again after `FIRST_BACKOFF` steps: judged at its method's prior, and
   if the plan still turns its tree down, with a 2-node tree where that costs the step
@@ -57,6 +58,8 @@ CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
 PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was not measured
 PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many observed steps
 DECAY = 0.8  # each new observation keeps this much of the older ones' weight (~5-step memory)
+STALE_AFTER = 32  # a request's mean at a tree size no longer counts this many observations after its last
+SERVED_DECAY = 0.98  # the same for a method's acceptance over all served requests (~50 steps)
 # A tree must beat plain steps by this modelled margin: predictions are within ~10 % of
 # measured steps, and the model leaves out what only speculating costs (a newcomer's
 # drafter catching up on its prompt; probes after pauses). At 16 clients on the CPU
@@ -79,13 +82,14 @@ REPLAN_STEPS = 8
 @dataclasses.dataclass
 class AdaptiveState:
     """Per-request acceptance (kept on the RequestState): accepted drafts per step at each
-    tree size the request drafted, exponentially weighted (`SpeculationPolicy._expected_accept`
-    says how sizes it did not draft are estimated)."""
+    tree size it drafted, exponentially weighted; a size's mean goes stale STALE_AFTER
+    observations after its last one. Sizes without a fresh mean are estimated from the
+    size drafted last (`SpeculationPolicy._expected_accept`)."""
 
     prior: float  # the method's accepted drafts per full-tree step, measured at load
-    at_size: dict = dataclasses.field(default_factory=dict)  # nodes -> [mean accepted per step, weight]
-    last_size: int = 0  # the tree size drafted last (0: none since the last probe)
-    observed: int = 0  # observations so far (part of a held plan's key)
+    at_size: dict = dataclasses.field(default_factory=dict)  # nodes -> [mean per step, weight, last observation's number]
+    last_size: int = 0  # the tree size drafted last (0: none yet)
+    observed: int = 0  # observations so far (also part of a held plan's key)
     off_steps: int = 0  # consecutive steps without speculation
     backoff: int = FIRST_BACKOFF  # off steps before the next probe
     probing: bool = False  # this step's speculation is a probe after being off
@@ -96,17 +100,25 @@ class AdaptiveState:
     def probe_due(self) -> bool:
         return self.off_steps >= self.backoff
 
+    def fresh(self, nodes: int) -> Optional[float]:
+        """The mean at `nodes` nodes, or None when never observed or stale."""
+        entry = self.at_size.get(nodes)
+        return entry[0] if entry is not None and self.observed - entry[2] < STALE_AFTER else None
+
     def observe(self, nodes: int, accepted: float, start: float) -> None:
-        """One step of `nodes` nodes accepted `accepted` drafts; a size's first step
-        starts its mean at `start` (the estimate it replaces) with PRIOR_WEIGHT. Older
-        observations keep DECAY of their weight: the mean follows the last ~5 steps, so
-        one bad step among good ones (code) does not switch speculation off, and drafts
-        that stopped matching do."""
-        entry = self.at_size.setdefault(nodes, [start, PRIOR_WEIGHT])
+        """One step of `nodes` nodes accepted `accepted` drafts. A size without a fresh
+        mean starts over from `start` (the estimate it replaces) with PRIOR_WEIGHT.
+        Older observations keep DECAY of their weight: the mean follows the last ~5
+        steps, so one bad step among good ones (code) does not switch speculation off,
+        and drafts that stopped matching do."""
+        if self.fresh(nodes) is None:
+            self.at_size[nodes] = [start, PRIOR_WEIGHT, self.observed]
+        entry = self.at_size[nodes]
         entry[1] = DECAY * entry[1] + 1.0
         entry[0] += (accepted - entry[0]) / entry[1]
-        self.last_size = nodes
         self.observed += 1
+        entry[2] = self.observed
+        self.last_size = nodes
 
 
 class SpeculationPolicy:
@@ -128,6 +140,11 @@ class SpeculationPolicy:
         # After a plan that turned every tree down: (what it was planned from, its step)
         self._denied: Optional[tuple[tuple, int]] = None
         self._held = False  # the last `_best_size` returned a held plan without trees
+        # (method, full tree, nodes) -> [mean accepted drafts per step, weight] over every
+        # served request's steps: where a new request starts, rather than at the prior
+        # calibration measured on its own text
+        self.served: dict[tuple[str, int, int], list[float]] = {}
+        self._calibrating = False
 
     # -- at submit -----------------------------------------------------------------------
     def resolve(self, req: GenerationRequest) -> TreeSettings:
@@ -298,20 +315,26 @@ class SpeculationPolicy:
 
     def _expected_accept(self, state, nodes: int) -> float:
         """Expected accepted drafts per step of a request with a `nodes` budget: its own
-        mean at that size when it drafted it; else its mean at the size it drafted last,
-        scaled by the two sizes' shares of a full tree's acceptance; else (and at a probe,
-        which judges the request as new) the method's prior times the size's share."""
+        fresh mean at that size; else its mean at the size it drafted last, scaled by the
+        two sizes' shares of a full tree's acceptance. Before it drafted: what served requests of its method accepted at
+        that size, else the method's prior times the size's share. At a probe, which
+        judges the request as new, the larger of those two: served requests that found
+        the trees not paying must not stop every later request from trying."""
         if nodes <= 1:
             return 0.0
         stats = self._stats(state)
         method, full = state.settings.method, self.full_nodes(state.settings)
-        if not stats.probe_due:
-            if nodes in stats.at_size:
-                return stats.at_size[nodes][0]
-            if stats.last_size:
-                last = stats.last_size
-                return stats.at_size[last][0] * self._share(method, nodes, full) / self._share(method, last, full)
-        return stats.prior * self._share(method, nodes, full)
+        if stats.last_size and not stats.probe_due:
+            own = stats.fresh(nodes)
+            if own is not None:
+                return own
+            last = stats.last_size
+            return stats.at_size[last][0] * self._share(method, nodes, full) / self._share(method, last, full)
+        guess = stats.prior * self._share(method, nodes, full)
+        served = self.served.get((method, full, nodes))
+        if served is None:
+            return guess
+        return max(guess, served[0]) if stats.probe_due else served[0]
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         """Expected emitted tokens per second of a step with these node budgets: each
@@ -366,6 +389,12 @@ class SpeculationPolicy:
         stats = self._stats(state)
         nodes = drafted + 1
         stats.observe(nodes, accepted, start=self._expected_accept(state, nodes))
+        if not self._calibrating:  # calibration's text is not what is served
+            method, full = state.settings.method, self.full_nodes(state.settings)
+            entry = self.served.setdefault((method, full, nodes),
+                                           [stats.prior * self._share(method, nodes, full), PRIOR_WEIGHT])
+            entry[1] = SERVED_DECAY * entry[1] + 1.0
+            entry[0] += (accepted - entry[0]) / entry[1]
 
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
@@ -404,11 +433,15 @@ class SpeculationPolicy:
                 self.calibration_note = f"calibration from the cache {cache.path}"
                 return
         t0 = time.perf_counter()
-        if choose:
-            self._choose_total_tokens(engine)
-        if costs:
-            self._time_verify(engine)
-            self._time_drafters(engine)
+        self._calibrating = True
+        try:
+            if choose:
+                self._choose_total_tokens(engine)
+            if costs:
+                self._time_verify(engine)
+                self._time_drafters(engine)
+        finally:
+            self._calibrating = False
         self.calibration_note = f"calibrated in {time.perf_counter() - t0:.0f} s"
         if cache is None:
             self.calibration_note += " (no calibration cache)"

@@ -3,13 +3,17 @@
 # and the model card quote, into docs/bench/ (each output records its own command line,
 # machine and date). Run it on an otherwise idle machine; stages can be named to rerun
 # only those.
-#   bash tools/bench/cpu_family.sh [latency] [family] [concurrency] [genai-perf]
+#   bash tools/bench/cpu_family.sh [latency] [small-trees] [adaptive] [family] [concurrency] [genai-perf]
 #
 # latency      tools/bench/bench.py latency --compare: every method, plain decoding and the
 #              transformers references (generate, assisted generation with the draft
 #              model, prompt lookup) side by side, on the first $QUESTIONS questions of
 #              each EAGLE set (first turn, chat template), up to 128 new tokens stopping at
 #              the end of the turn, batch 1, temperature 0, adaptive speculation off
+# small-trees  the same requests: plain decoding, EAGLE-3 and EAGLE-2 with 2-node trees (one
+#              drafted token), generate and prompt lookup
+# adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
+#              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
 # concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 and EAGLE-3 adaptive vs
 #              EAGLE-3 with a fixed 16-node tree at 1-32 concurrent requests
@@ -23,7 +27,7 @@ QUESTIONS=${QUESTIONS:-4}
 OUT=docs/bench
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(latency family concurrency genai-perf)
+[ ${#stages[@]} -gt 0 ] || stages=(latency small-trees adaptive family concurrency genai-perf)
 mkdir -p "$OUT"
 for stage in "${stages[@]}"; do
   case "$stage" in
@@ -36,6 +40,20 @@ for stage in "${stages[@]}"; do
       done
       $PY tools/bench/bench.py plot-speedups "$OUT"/latency_{humaneval,mt_bench,gsm8k,alpaca}.json \
         --plot "$OUT/speedup.png" ;;
+    small-trees)
+      for set in humaneval mt_bench gsm8k alpaca; do
+        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+          --eagle-total-tokens 2 --eagle-depth 1 --eagle-top-k 1 --compare none,eagle3,eagle2,hf,hf-prompt-lookup \
+          --report-json "$OUT/latency_small_tree_$set.json" --markdown "$OUT/latency_small_tree_$set.md"
+      done ;;
+    adaptive)
+      for set in humaneval mt_bench gsm8k alpaca; do
+        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+          --adaptive on --compare none,eagle3,eagle2 \
+          --report-json "$OUT/latency_adaptive_$set.json" --markdown "$OUT/latency_adaptive_$set.md"
+      done ;;
     family)
       $PY tools/bench/eval_family.py --questions 4 --curve-tokens 48 --json "$OUT/family.json" \
         --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
@@ -48,6 +66,6 @@ for stage in "${stages[@]}"; do
       REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf
       cp .cache/genai_perf/comparison.json "$OUT/genai_perf.json"
       cp .cache/genai_perf/comparison.md "$OUT/genai_perf.md" ;;
-    *) echo "unknown stage $stage (latency, family, concurrency, genai-perf)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (latency, small-trees, adaptive, family, concurrency, genai-perf)" >&2; exit 2 ;;
   esac
 done
