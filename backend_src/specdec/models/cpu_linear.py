@@ -119,13 +119,12 @@ def packed_layers(module: nn.Module) -> list[PackedCpuLinear]:
 
 
 def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-1],
-                     repeats: int = 2) -> Optional[RowRouting]:
+                     repeats: int = 3) -> Optional[RowRouting]:
     """Times `layers` in order (as a forward streams their weights) through `F.linear`
-    and through oneDNN at each ladder row count up to `max_rows` (the fastest of
-    `repeats` passes, after one untimed pass of each), and routes their multi-row calls
-    to the faster path. Packed copies that no chosen path uses are dropped. None
-    (routing left as it is) when there is nothing to time or SPECDEC_CPU_ONEDNN=1 asks
-    for oneDNN throughout."""
+    and through oneDNN at each ladder row count up to `max_rows` (`_time_paths`), and
+    routes their multi-row calls to the faster path. Packed copies that no chosen path
+    uses are dropped. None (routing left as it is) when there is nothing to time or
+    SPECDEC_CPU_ONEDNN=1 asks for oneDNN throughout."""
     if not layers or os.environ.get("SPECDEC_CPU_ONEDNN", "auto") == "1":
         return None
     timed = _called(layers)
@@ -158,18 +157,18 @@ def _called(layers: list[PackedCpuLinear]) -> list[PackedCpuLinear]:
 
 
 def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int) -> tuple[float, float]:
-    """Milliseconds of one pass over `layers` with `rows`-row inputs: (F.linear, oneDNN)."""
+    """Milliseconds of one pass over `layers` with `rows`-row inputs: (F.linear, oneDNN),
+    the fastest of `repeats` passes each after an untimed one. The paths take turns, so
+    that other work on the machine (a server loads its other models meanwhile) slows
+    both alike rather than one."""
     inputs = [torch.randn(rows, m.in_features) for m in layers]  # [rows, in] each
-    plain_ms = _fastest_pass_ms(lambda: [F.linear(x, m.weight, m.bias) for m, x in zip(layers, inputs)], repeats)
-    onednn_ms = _fastest_pass_ms(lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)], repeats)
-    return plain_ms, onednn_ms
-
-
-def _fastest_pass_ms(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+    paths = (lambda: [F.linear(x, m.weight, m.bias) for m, x in zip(layers, inputs)],
+             lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)])
+    best = [float("inf"), float("inf")]
+    for attempt in range(max(1, repeats) + 1):
+        for k, run in enumerate(paths):
+            t0 = time.perf_counter()
+            run()
+            if attempt > 0:  # the first pass of each packs weights and warms caches
+                best[k] = min(best[k], time.perf_counter() - t0)
+    return best[0] * 1e3, best[1] * 1e3
