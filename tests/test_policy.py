@@ -168,6 +168,19 @@ def test_one_pass_rates_equal_the_reference_model():
             assert rates[size] == pytest.approx(policy._rate(batch, ref), rel=1e-12), size
 
 
+def few_rows_cost(few_rows: float, draft_seconds) -> StepCost:
+    """Batch 1 on a CPU whose sgemm takes 2-3 rows for about the price of one: verify
+    costs a 30 ms plain step, `few_rows` times that up to 3 tokens and twice from 4 on;
+    drafting an n-node EAGLE-2 tree costs `draft_seconds(n)`."""
+    bs, ns = StepCost.grid(1, FULL)
+    cost = StepCost(bs, ns)
+    for N in ns:
+        cost.set_verify(1, N, 0.030 * (1.0 if N == 1 else few_rows if N <= 3 else 2.0))
+    for n in (16, 8, 4, 2):
+        cost.draft[("eagle2", n)] = {1: draft_seconds(n)}
+    return cost
+
+
 def test_measured_shares_stay_between_the_log_scale_and_one_and_grow_with_the_tree():
     rng = random.Random(3)
     for _ in range(200):
@@ -191,13 +204,7 @@ def test_measured_shares_let_a_small_tree_pay_where_the_log_scale_would_not():
     step. On the log scale a 2-node tree keeps a quarter of that and loses to plain
     steps; measured, it keeps half and wins, and observations of it count as that
     share of a full tree's."""
-    bs, ns = StepCost.grid(1, FULL)
-    cost = StepCost(bs, ns)
-    for N in ns:
-        cost.set_verify(1, N, 0.030 * (1.12 if N <= 3 else 2.0))
-    for n in (16, 8, 4, 2):
-        cost.draft[("eagle2", n)] = {1: 0.001}
-    cost.set_verify(1, 1, 0.030)
+    cost = few_rows_cost(1.12, lambda n: 0.001)
     policy = policy_with(cost, accept=1.0)
     assert chosen_nodes(policy, states(1)) == [1]  # log scale: 1.25 tokens for 1.15 steps
     policy = policy_with(cost, accept=1.0)
@@ -314,13 +321,7 @@ def test_a_probe_turned_down_at_the_prior_still_drafts_the_smallest_tree_when_ch
     on other text) a 2-node tree gains 4 %, under the margin. The request still probes
     with a 2-node tree once its wait is over; observed drafts that match then keep its
     tree, and drafts that do not send it back to plain steps with ever longer waits."""
-    bs, ns = StepCost.grid(1, FULL)
-    cost = StepCost(bs, ns)
-    for N in ns:
-        cost.set_verify(1, N, 0.030 * (1.02 if N <= 3 else 2.0))
-    cost.set_verify(1, 1, 0.030)
-    for n in (16, 8, 4, 2):
-        cost.draft[("eagle2", n)] = {1: 0.00015 * n}
+    cost = few_rows_cost(1.02, lambda n: 0.00015 * n)
     matching = policy_with(cost, accept=0.3)
     picks = run_steps(matching, states(1), [1] * 40)
     first = picks.index(2)  # the first plan after the wait (a plan without trees is held a few steps)
@@ -338,13 +339,7 @@ def test_a_new_request_starts_from_what_served_requests_of_its_method_accepted()
     """The prior (measured at load, on other text) says 2-node trees do not pay; the
     first request finds out by probing that they do; the next request of the method
     drafts from its first plan, and a request of another full tree size does not."""
-    bs, ns = StepCost.grid(1, FULL)
-    cost = StepCost(bs, ns)
-    for N in ns:
-        cost.set_verify(1, N, 0.030 * (1.02 if N <= 3 else 2.0))
-    cost.set_verify(1, 1, 0.030)
-    for n in (16, 8, 4, 2):
-        cost.draft[("eagle2", n)] = {1: 0.00015 * n}
+    cost = few_rows_cost(1.02, lambda n: 0.00015 * n)
     policy = policy_with(cost, accept=0.3)
     assert chosen_nodes(policy, states(1)) == [1]
     first = run_steps(policy, states(1), [1] * 30)

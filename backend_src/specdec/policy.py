@@ -120,8 +120,7 @@ class AdaptiveState:
         if self.fresh(nodes) is None:
             self.at_size[nodes] = [start, PRIOR_WEIGHT, self.observed]
         entry = self.at_size[nodes]
-        entry[1] = DECAY * entry[1] + 1.0
-        entry[0] += (accepted - entry[0]) / entry[1]
+        _weigh_in(entry, accepted, DECAY)
         self.observed += 1
         entry[2] = self.observed
         self.last_size = nodes
@@ -255,7 +254,7 @@ class SpeculationPolicy:
         tree when the step's modelled rate stays within PROBE_MAX_LOSS / requests of the
         plan's (where trees cost much, as under full load, it does not). Weighed when a
         plan is made, not while a plan without trees is held."""
-        due = [i for i in turned_down if self._stats(states[i]).off_steps >= self._stats(states[i]).backoff > 0]
+        due = [i for i in turned_down if self._stats(states[i]).probe_due]
         if not due:
             return
         rates = self._rates(states, budgets, {i: 2 for i in due}, [2])  # 1: as planned; 2: with the probes
@@ -322,10 +321,11 @@ class SpeculationPolicy:
     def _expected_accept(self, state, nodes: int) -> float:
         """Expected accepted drafts per step of a request with a `nodes` budget: its own
         fresh mean at that size; else its mean at the size it drafted last, scaled by the
-        two sizes' shares of a full tree's acceptance. Before it drafted: what served requests of its method accepted at
-        that size, else the method's prior times the size's share. At a probe, which
-        judges the request as new, the larger of those two: served requests that found
-        the trees not paying must not stop every later request from trying."""
+        two sizes' shares of a full tree's acceptance. Before it drafted: what served
+        requests of its method accepted at that size, else the method's prior times the
+        size's share. At a probe, which judges the request as new, the larger of those
+        two: served requests that found the trees not paying must not stop every later
+        request from trying."""
         if nodes <= 1:
             return 0.0
         stats = self._stats(state)
@@ -399,8 +399,7 @@ class SpeculationPolicy:
             method, full = state.settings.method, self.full_nodes(state.settings)
             entry = self.served.setdefault((method, full, nodes),
                                            [stats.prior * self._share(method, nodes, full), PRIOR_WEIGHT])
-            entry[1] = SERVED_DECAY * entry[1] + 1.0
-            entry[0] += (accepted - entry[0]) / entry[1]
+            _weigh_in(entry, accepted, SERVED_DECAY)
 
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
@@ -587,6 +586,13 @@ def _ladder(full: int) -> list[int]:
         sizes.append(full)
         full //= 2
     return sizes
+
+
+def _weigh_in(entry: list, value: float, decay: float) -> None:
+    """An exponentially weighted mean, `entry` = [mean, weight, ...]: the weight behind
+    the mean keeps `decay` of itself and `value` adds 1."""
+    entry[1] = decay * entry[1] + 1.0
+    entry[0] += (value - entry[0]) / entry[1]
 
 
 def _depth_share(nodes: int, full: int) -> float:

@@ -29,31 +29,33 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(latency small-trees adaptive family concurrency genai-perf)
 mkdir -p "$OUT"
+
+# latency_on_every_set NAME [--plot] [bench.py options...]: the first $QUESTIONS questions
+# of each EAGLE set, 128 new tokens stopping at the end of the turn, into $OUT/NAME_<set>.*
+latency_on_every_set() {
+  local name=$1 plot=false set; shift
+  if [ "${1:-}" = --plot ]; then plot=true; shift; fi
+  for set in humaneval mt_bench gsm8k alpaca; do
+    local png=()
+    if $plot; then png=(--plot "$OUT/${name}_$set.png"); fi
+    $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+      --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress "$@" \
+      --report-json "$OUT/${name}_$set.json" --markdown "$OUT/${name}_$set.md" "${png[@]}"
+  done
+}
+
 for stage in "${stages[@]}"; do
   case "$stage" in
     latency)
-      for set in humaneval mt_bench gsm8k alpaca; do
-        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
-          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --eagle-total-tokens 16 \
-          --compare none,eagle2,eagle3,eagle,medusa,draft_model,hf,hf-assisted,hf-prompt-lookup \
-          --report-json "$OUT/latency_$set.json" --markdown "$OUT/latency_$set.md" --plot "$OUT/latency_$set.png"
-      done
+      latency_on_every_set latency --plot --eagle-total-tokens 16 \
+        --compare none,eagle2,eagle3,eagle,medusa,draft_model,hf,hf-assisted,hf-prompt-lookup
       $PY tools/bench/bench.py plot-speedups "$OUT"/latency_{humaneval,mt_bench,gsm8k,alpaca}.json \
         --plot "$OUT/speedup.png" ;;
     small-trees)
-      for set in humaneval mt_bench gsm8k alpaca; do
-        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
-          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --eagle-total-tokens 2 --eagle-depth 1 --eagle-top-k 1 --compare none,eagle3,eagle2,hf,hf-prompt-lookup \
-          --report-json "$OUT/latency_small_tree_$set.json" --markdown "$OUT/latency_small_tree_$set.md"
-      done ;;
+      latency_on_every_set latency_small_tree --eagle-total-tokens 2 --eagle-depth 1 --eagle-top-k 1 \
+        --compare none,eagle3,eagle2,hf,hf-prompt-lookup ;;
     adaptive)
-      for set in humaneval mt_bench gsm8k alpaca; do
-        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
-          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --adaptive on --compare none,eagle3,eagle2 \
-          --report-json "$OUT/latency_adaptive_$set.json" --markdown "$OUT/latency_adaptive_$set.md"
-      done ;;
+      latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
     family)
       $PY tools/bench/eval_family.py --questions 4 --curve-tokens 48 --json "$OUT/family.json" \
         --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
