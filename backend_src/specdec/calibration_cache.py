@@ -100,20 +100,26 @@ class CalibrationCache:
     def save(self, calibration: Calibration) -> Optional[str]:
         """Writes the file atomically; returns None, or why it could not (logged)."""
         text = json.dumps({"fingerprint": self.fingerprint, **_encode(calibration)}, indent=1)
-        tmp = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=".calibration-", suffix=".tmp",
-                                             delete=False) as f:
-                tmp = f.name
-                f.write(text)
-            os.replace(tmp, self.path)
-            return None
-        except OSError as e:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
-            LOG.warning("cannot write the calibration cache %s: %s", self.path, e)
-            return f"{type(e).__name__}: {e.strerror or e}"
+        return write_atomically(self.path, text, "calibration cache")
+
+
+def write_atomically(path: Path, text: str, what: str) -> Optional[str]:
+    """Writes `path` through a temporary file that replaces it, so a reader never sees
+    half a file; returns None, or why it could not (logged as a warning about `what`)."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp",
+                                         delete=False) as f:
+            tmp = f.name
+            f.write(text)
+        os.replace(tmp, path)
+        return None
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        LOG.warning("cannot write the %s %s: %s", what, path, e)
+        return f"{type(e).__name__}: {e.strerror or e}"
 
 
 def cache_dir(setting: str) -> Optional[Path]:
@@ -156,10 +162,11 @@ def fingerprint(engine, trees: dict) -> dict:
 def _device(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
-    return {"type": device.type, "cpu": _cpu_model(), "threads": torch.get_num_threads()}
+    return {"type": device.type, "cpu": cpu_model(), "threads": torch.get_num_threads()}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -62,7 +62,8 @@ class EngineConfig:
     seed: int = 0  # engine generator for requests that send no seed
     # Where load-time calibration (policy.py) is saved and reused on the same setup
     # (calibration_cache.py): "" -> $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec,
-    # else ~/.cache/specdec; "off": calibrate at every load, write nothing.
+    # else ~/.cache/specdec; "off": calibrate at every load, write nothing. The CPU matmul
+    # routing measured at load is saved there too (routing_cache.py).
     calibration_cache_dir: str = ""
 
     @classmethod

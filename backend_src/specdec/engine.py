@@ -34,7 +34,7 @@ from .memory import free_device_bytes, kv_budget
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
 from .models.layers import causal_mask
-from .models.cpu_linear import RowRouting, choose_row_paths, packed_layers, use_packed_cpu_linears
+from .models.cpu_linear import RowRouting, packed_layers, use_packed_cpu_linears
 from .models.llama import LlamaModel
 from .ops.kv_compact import kv_compact
 from .ops.tree_mask import TreeBuffers, build_tree
@@ -43,6 +43,7 @@ from .ops.verify_sampling import verify_sampling
 from .policy import MAX_TREE, SpeculationPolicy, describe
 from .prefill import prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
+from .routing_cache import cached_row_paths, routing_cache_dir
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
 from .transfer import host_to_device, to_device
@@ -108,17 +109,19 @@ class Engine:
         # float32 CPU: multi-row matmuls through oneDNN where it measures faster (models/cpu_linear.py)
         self.packed_linears = 0
         self.row_routing: Optional[RowRouting] = None  # the target's
+        self.row_routing_source = ""  # where it came from (routing_cache.py)
         if self.device.type == "cpu" and dtype == torch.float32:
             modules = [self.target] + [m for d in {id(d): d for d in loaded.drafters.values()}.values()
                                        for m in vars(d).values() if isinstance(m, torch.nn.Module)]
             self.packed_linears = sum(use_packed_cpu_linears(m) for m in modules)
             routed: set[int] = set()  # a drafter holding the target's modules leaves their routing alone
+            routing_dir = routing_cache_dir(config.calibration_cache_dir)
             for i, m in enumerate(modules):
                 layers = [lin for lin in packed_layers(m) if id(lin) not in routed]
-                routing = choose_row_paths(layers)
+                routing, source = cached_row_paths(layers, routing_dir)
                 routed |= {id(lin) for lin in layers}
                 if i == 0:
-                    self.row_routing = routing
+                    self.row_routing, self.row_routing_source = routing, source
         cached = [d for d in {id(d): d for d in loaded.drafters.values()}.values() if hasattr(d, "allocate")]
         positions = self.max_context + 1
         # The target's slots carry MAX_TREE spare positions past the context: a step pads
@@ -163,7 +166,7 @@ class Engine:
         if self.packed_linears:
             routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
             packed = (f"{self.packed_linears} float32 linears can take multi-row inputs through oneDNN "
-                      f"(the target, measured at load: {routing})")
+                      f"(the target, {self.row_routing_source or 'measured at load'}: {routing})")
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), graphs, packed,
                                                  describe(self.policy)]))
 

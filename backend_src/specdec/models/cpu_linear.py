@@ -122,10 +122,9 @@ def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-
                      repeats: int = 3) -> Optional[RowRouting]:
     """Times `layers` in order (as a forward streams their weights) through `F.linear`
     and through oneDNN at each ladder row count up to `max_rows` (`_time_paths`), and
-    routes their multi-row calls to the faster path. Packed copies that no chosen path
-    uses are dropped. None (routing left as it is) when there is nothing to time or
-    SPECDEC_CPU_ONEDNN=1 asks for oneDNN throughout."""
-    if not layers or os.environ.get("SPECDEC_CPU_ONEDNN", "auto") == "1":
+    routes their multi-row calls to the faster path (`route`). None (routing left as it
+    is) when there is nothing to time or SPECDEC_CPU_ONEDNN=1 asks for oneDNN throughout."""
+    if not measuring_wanted(layers):
         return None
     timed = _called(layers)
     chosen, timings = set(), []
@@ -139,11 +138,28 @@ def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-
         last = timings[-1][0]
         chosen |= {r for r in ROW_LADDER if r > last and last in chosen}
     routing = RowRouting(frozenset(chosen), tuple(timings))
+    route(layers, routing)
+    return routing
+
+
+def measuring_wanted(layers: list[PackedCpuLinear]) -> bool:
+    """There are layers to route and SPECDEC_CPU_ONEDNN does not fix their path."""
+    return bool(layers) and os.environ.get("SPECDEC_CPU_ONEDNN", "auto") != "1"
+
+
+def route(layers: list[PackedCpuLinear], routing: RowRouting) -> None:
+    """Sends `layers`' multi-row calls the way `routing` says; packed copies that no
+    chosen path uses are dropped."""
     for m in layers:
         m.routing = routing
-        if not chosen:
+        if not routing.onednn_rows:
             m._packed = None
-    return routing
+
+
+def layer_shapes(layers: list[PackedCpuLinear]) -> list[list[int]]:
+    """[in, out, has bias] of each layer a forward calls, in order: what the timings of
+    `choose_row_paths` depend on besides the machine."""
+    return [[m.in_features, m.out_features, int(m.bias is not None)] for m in _called(layers)]
 
 
 def _called(layers: list[PackedCpuLinear]) -> list[PackedCpuLinear]:

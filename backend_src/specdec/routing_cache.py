@@ -1,0 +1,101 @@
+"""The CPU matmul routing, measured once per machine and model shape, saved and reused.
+
+`models.cpu_linear.choose_row_paths` times a model's float32 matmuls through MKL's
+sgemm and through oneDNN at each row count, and routes each row count to the faster
+path. That costs 3-5 s for SmolLM2-135M's target on 2 cores, as much again for Medusa's
+heads, at every load. Its result also moved between loads on a busy machine (a server
+loads its other models meanwhile), and the calibration cache keys on the target's
+routing, so a routing that changed at a restart meant minutes of calibrating again.
+
+So the first routing measured for a list of layer shapes on this CPU model, thread
+count, torch version and `cpu_linear.py` is written to
+`<calibration cache folder>/row-routing-<hash>.json`, and later loads with the same
+fingerprint take it from there. Deleting the file measures again. A missing, corrupt or
+mismatching file is measured and written again; a failed write is a warning, never a
+failed load. With the calibration cache off (`calibration_cache_dir: off`), every load
+measures.
+
+This module decides when to measure, not how (`cpu_linear.py`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .calibration_cache import cache_dir, cpu_model, write_atomically
+from .models import cpu_linear
+from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, layer_shapes, measuring_wanted, route
+
+LOG = logging.getLogger("specdec")
+FORMAT = 1  # of the file; bump when it changes shape
+
+
+def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -> tuple[Optional[RowRouting], str]:
+    """Routes `layers` by the routing saved in `directory` for their shapes on this
+    machine, else by measuring (and saving) one. Returns the routing (None: nothing
+    routed, as `choose_row_paths`) and where it came from: "measured at load" or
+    "measured at an earlier load"."""
+    if not measuring_wanted(layers):
+        return None, "not measured"
+    if directory is None:
+        return choose_row_paths(layers), "measured at load"
+    fp = json.loads(json.dumps(fingerprint(layers)))
+    digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+    path = directory / f"row-routing-{digest}.json"
+    stored = _read(path, fp)
+    if stored is not None:
+        route(layers, stored)
+        return stored, "measured at an earlier load"
+    routing = choose_row_paths(layers)
+    if routing is not None:
+        write_atomically(path, json.dumps({"fingerprint": fp, "onednn_rows": sorted(routing.onednn_rows),
+                                           "timings_ms": [list(t) for t in routing.timings_ms]}, indent=1),
+                         "matmul routing cache")
+    return routing, "measured at load"
+
+
+def routing_cache_dir(setting: str) -> Optional[Path]:
+    """The calibration cache's folder for `calibration_cache_dir` = `setting` (None: off,
+    or no folder can be worked out: logged)."""
+    try:
+        return cache_dir(setting)
+    except RuntimeError as e:  # no home folder
+        LOG.warning("no matmul routing cache: %s", e)
+        return None
+
+
+def fingerprint(layers: list[PackedCpuLinear]) -> dict:
+    """What the timings depend on: the CPU, its threads, torch, how routing measures
+    (`cpu_linear.py`'s source) and the shapes of the layers a forward calls."""
+    source = Path(cpu_linear.__file__).read_bytes()
+    return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "layers": layer_shapes(layers)}
+
+
+def _read(path: Path, fp: dict) -> Optional[RowRouting]:
+    """The routing stored at `path` for fingerprint `fp`, or None (missing, another
+    fingerprint, or unreadable: the last one logged)."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as e:
+        LOG.warning("matmul routing cache %s is unreadable (%s); measuring again", path, e)
+        return None
+    if not isinstance(data, dict) or data.get("fingerprint") != fp:
+        return None
+    try:
+        rows = frozenset(int(r) for r in data["onednn_rows"])
+        timings = tuple((int(r), float(a), float(b)) for r, a, b in data["timings_ms"])
+    except (KeyError, TypeError, ValueError) as e:
+        LOG.warning("matmul routing cache %s is corrupt (%s); measuring again", path, e)
+        return None
+    if not rows <= set(cpu_linear.ROW_LADDER):
+        LOG.warning("matmul routing cache %s names row counts off the ladder; measuring again", path)
+        return None
+    return RowRouting(rows, timings)

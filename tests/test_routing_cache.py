@@ -1,0 +1,99 @@
+"""The matmul routing cache (`specdec/routing_cache.py`): a routing is measured once per
+layer shapes and machine, later loads take the saved one without timing anything, other
+shapes measure their own, a corrupt or foreign file is measured over, a folder that
+cannot be written is a warning, and with the cache off every load measures."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch.nn as nn
+
+from specdec import routing_cache
+from specdec.models import cpu_linear
+from specdec.models.cpu_linear import ROW_LADDER, onednn_available, packed_layers, use_packed_cpu_linears
+from specdec.routing_cache import cached_row_paths
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+
+
+def model(width: int = 64) -> list:
+    m = nn.Sequential(nn.Linear(width, 96), nn.Linear(96, width, bias=False))
+    assert use_packed_cpu_linears(m) == 2
+    return packed_layers(m)
+
+
+@pytest.fixture
+def timings(monkeypatch) -> list[int]:
+    """Fake timings (oneDNN twice as fast from 8 rows on); the list counts the timed
+    row counts, so that a test sees whether anything was measured."""
+    timed = []
+
+    def time_paths(layers, rows, repeats):
+        timed.append(rows)
+        return (10.0, 5.0) if rows >= 8 else (10.0, 9.8)
+    monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
+    return timed
+
+
+def test_measured_once_then_read_back(tmp_path, timings):
+    first, source = cached_row_paths(model(), tmp_path)
+    assert source == "measured at load" and timings == list(ROW_LADDER)
+    assert first.onednn_rows == frozenset(r for r in ROW_LADDER if r >= 8)
+    [saved] = tmp_path.glob("row-routing-*.json")
+    timings.clear()
+    layers = model()
+    again, source = cached_row_paths(layers, tmp_path)
+    assert source == "measured at an earlier load" and timings == []  # nothing timed
+    assert again == first and all(m.routing == first for m in layers)
+    assert json.loads(saved.read_text())["onednn_rows"] == sorted(first.onednn_rows)
+
+
+def test_other_shapes_measure_their_own(tmp_path, timings):
+    cached_row_paths(model(64), tmp_path)
+    timings.clear()
+    _, source = cached_row_paths(model(32), tmp_path)
+    assert source == "measured at load" and timings
+    assert len(list(tmp_path.glob("row-routing-*.json"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["not json", json.dumps({"fingerprint": "another machine"}),
+                                    "keys", "off the ladder"])
+def test_a_bad_file_is_measured_over(tmp_path, timings, damage, caplog):
+    cached_row_paths(model(), tmp_path)
+    [saved] = tmp_path.glob("row-routing-*.json")
+    data = json.loads(saved.read_text())
+    if damage == "keys":
+        damage = json.dumps({"fingerprint": data["fingerprint"]})
+    elif damage == "off the ladder":
+        damage = json.dumps({**data, "onednn_rows": [5]})
+    saved.write_text(damage)
+    timings.clear()
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        routing, source = cached_row_paths(model(), tmp_path)
+    assert source == "measured at load" and timings == list(ROW_LADDER)
+    assert json.loads(saved.read_text())["onednn_rows"] == sorted(routing.onednn_rows)  # written again
+
+
+def test_cache_off_or_unwritable_still_routes(tmp_path, timings, caplog):
+    routing, source = cached_row_paths(model(), None)
+    assert source == "measured at load" and routing.onednn_rows
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the folder should be: the write fails
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        routing, source = cached_row_paths(model(), blocked / "cache")
+    assert source == "measured at load" and routing.onednn_rows
+    assert "cannot write the matmul routing cache" in caplog.text
+
+
+def test_environment_override_measures_nothing(tmp_path, timings, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CPU_ONEDNN", "1")
+    assert cached_row_paths(model(), tmp_path) == (None, "not measured")
+    assert timings == [] and not list(tmp_path.iterdir())
+
+
+def test_fingerprint_names_the_machine_and_the_shapes():
+    fp = routing_cache.fingerprint(model())
+    assert fp["layers"] == [[64, 96, 1], [96, 64, 0]]
+    assert fp["cpu"] and fp["threads"] >= 1 and fp["torch"]
