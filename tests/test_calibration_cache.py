@@ -43,6 +43,13 @@ def cache_files(directory: Path) -> list[Path]:
     return sorted(Path(directory).glob("calibration-*.json"))
 
 
+def copy_routing(source: Path, destination: Path) -> None:
+    """The matmul routing saved beside a calibration (routing_cache.py): a restart on the
+    same machine reads it back, so a copied calibration must travel with it."""
+    for routing in Path(source).glob("row-routing-*.json"):
+        (Path(destination) / routing.name).write_bytes(routing.read_bytes())
+
+
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     """A folder holding one engine's calibration, and that engine's policy state."""
@@ -50,6 +57,9 @@ def calibrated(tmp_path_factory):
     engine = engine_in(directory)
     assert engine.policy.cost.ready and engine.policy.calibration and engine.policy.prior_accept
     assert engine.policy.calibration_note.startswith("calibrated in")
+    assert "on a chat request" in engine.policy.calibration_note  # calibration_prompt.py
+    prompt = engine.policy.calibration_prompt
+    assert calibration_cache.fingerprint(engine, {}, prompt) != calibration_cache.fingerprint(engine, {}, None)
     return directory, policy_state(engine)
 
 
@@ -67,6 +77,7 @@ def test_a_changed_setup_calibrates_again(calibrated, tmp_path, monkeypatch):
     [path] = cache_files(calibrated[0])
     directory = tmp_path  # a copy: the shared folder keeps holding one file for the other tests
     (directory / path.name).write_bytes(path.read_bytes())
+    copy_routing(calibrated[0], directory)
     calls = []
     measure = SpeculationPolicy._time_verify
     monkeypatch.setattr(SpeculationPolicy, "_time_verify", lambda self, e: calls.append(1) or measure(self, e))
@@ -82,8 +93,7 @@ def test_a_corrupt_file_is_measured_again_and_rewritten(calibrated, tmp_path, da
     directory, first = calibrated
     [path] = cache_files(directory)
     copy = tmp_path / path.name
-    for routing in Path(directory).glob("row-routing-*.json"):  # the same matmul routing, as in a restart
-        (tmp_path / routing.name).write_text(routing.read_text())
+    copy_routing(directory, tmp_path)
     if damage == "body":  # the right setup, a body that does not decode
         data = json.loads(path.read_text())
         data["cost"]["verify"] = "?"

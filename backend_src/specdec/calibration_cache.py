@@ -34,7 +34,7 @@ from .config import EngineConfig
 from .step_cost import StepCost
 
 LOG = logging.getLogger("specdec")
-FORMAT = 2  # of the file; bump when `Calibration` or the fingerprint changes shape
+FORMAT = 3  # of the file; bump when `Calibration` or the fingerprint changes shape
 OFF = "off"
 # Config fields that change what calibration measures (the device, dtype, checkpoints and
 # context enter the fingerprint separately; the slots through the KV budget).
@@ -65,15 +65,15 @@ class CalibrationCache:
     fingerprint: dict  # JSON values only (compared with the stored one after a round trip)
 
     @classmethod
-    def for_engine(cls, engine, trees: dict) -> Optional["CalibrationCache"]:
+    def for_engine(cls, engine, trees: dict, prompt: Optional[list[int]] = None) -> Optional["CalibrationCache"]:
         """The engine's cache file, or None when caching is off (or when its folder or
         fingerprint cannot be worked out: logged). `trees`: the policy's method ->
-        StaticTree (or None)."""
+        StaticTree (or None); `prompt`: the chat request calibration continues, if any."""
         try:
             directory = cache_dir(engine.config.calibration_cache_dir)
             if directory is None:
                 return None
-            fp = json.loads(json.dumps(fingerprint(engine, trees)))
+            fp = json.loads(json.dumps(fingerprint(engine, trees, prompt)))
         except (OSError, RuntimeError) as e:  # no home folder; a checkpoint file gone meanwhile
             LOG.warning("no calibration cache: %s", e)
             return None
@@ -136,7 +136,7 @@ def cache_dir(setting: str) -> Optional[Path]:
     return Path.home() / ".cache" / "specdec"
 
 
-def fingerprint(engine, trees: dict) -> dict:
+def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict:
     """What the calibration's results depend on. The engine's source stands for how
     calibration measures (its sizes, prefix, ...) and for what the timed code costs."""
     config: EngineConfig = engine.config
@@ -156,6 +156,7 @@ def fingerprint(engine, trees: dict) -> dict:
                         if getattr(config, name) is not None},
         "trees": {method: None if tree is None else [list(c) for c in tree.choices]
                   for method, tree in sorted(trees.items())},
+        "calibration_prompt": prompt,  # acceptance depends on the text measured
     }
 
 

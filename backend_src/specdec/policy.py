@@ -43,6 +43,7 @@ from typing import Optional
 import torch
 
 from .calibration_cache import Calibration, CalibrationCache
+from .calibration_prompt import chat_prompt_ids
 from .config import EngineConfig
 from .errors import validate_that
 from .kv_cache import AttentionBatch
@@ -142,6 +143,9 @@ class SpeculationPolicy:
         self.accept_share: dict[str, dict[int, float]] = {}
         self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
         self.calibration_note: Optional[str] = None  # for the load log: measured or cached, and where
+        self.calibration_prompt: Optional[list[int]] = None  # a chat request (calibration_prompt.py)
+        self._calibrated_on = "nothing"  # what calibration's generations continued, for the note
+        self._bos_text: Optional[list[int]] = None  # the BOS and the model's continuation of it
         self._step = 0  # plans made
         # After a plan that turned every tree down: (what it was planned from, its step)
         self._denied: Optional[tuple[tuple, int]] = None
@@ -431,7 +435,8 @@ class SpeculationPolicy:
         costs = self.config.adaptive_speculation and len(self.available) > 1
         if not (choose or costs):
             return
-        cache = CalibrationCache.for_engine(engine, self.trees)
+        self.calibration_prompt = chat_prompt_ids(self.config.base_model_dir)
+        cache = CalibrationCache.for_engine(engine, self.trees, self.calibration_prompt)
         if cache is not None:
             saved, why = cache.load()
             if saved is not None:
@@ -448,7 +453,7 @@ class SpeculationPolicy:
                 self._time_drafters(engine)
         finally:
             self._calibrating = False
-        self.calibration_note = f"calibrated in {time.perf_counter() - t0:.0f} s"
+        self.calibration_note = f"calibrated in {time.perf_counter() - t0:.0f} s on {self._calibrated_on}"
         if cache is None:
             self.calibration_note += " (no calibration cache)"
             return
@@ -501,10 +506,8 @@ class SpeculationPolicy:
         and for the configured method also batches of 4 and 16 requests (the others
         extrapolate proportionally to the batch, a pessimistic guess that serving
         corrects)."""
-        bos = [1]
         n = max(1, min(32, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
-        seed_text = engine.generate(GenerationRequest("calibrate-text", bos, n, spec=SpecParams(method="none")))[0]
-        prompt = bos + seed_text[:24]
+        prompt = self._measuring_prompt(engine, n)
         for method in sorted(self.available - {"none"}):
             full = self.resolve(GenerationRequest("calibrate", prompt, n, spec=SpecParams(method=method)))
             batches = [1] + [b for b in (4, 16) if b <= engine.num_slots and method == self.config.speculative_method]
@@ -535,13 +538,28 @@ class SpeculationPolicy:
             if shares:
                 self.accept_share[method] = shares
 
+    def _measuring_prompt(self, engine, new_tokens: int) -> list[int]:
+        """What calibration's generations continue: the chat request of
+        `calibration_prompt.py` where the model has a chat template and the request fits
+        the context with `new_tokens` more and the largest tree; else the model's own
+        greedy continuation of a BOS (24 tokens of it)."""
+        chat = self.calibration_prompt
+        if chat and len(chat) + new_tokens + MAX_TREE <= engine.max_context:
+            self._calibrated_on = f"a chat request ({len(chat)} prompt tokens)"
+            return list(chat)
+        self._calibrated_on = "the model's continuation of a BOS"
+        if self._bos_text is None:
+            bos = [1]
+            self._bos_text = bos + engine.generate(GenerationRequest("calibrate-text", bos, 24,
+                                                                     spec=SpecParams(method="none")))[0]
+        return list(self._bos_text)
+
     def _choose_total_tokens(self, engine) -> None:
         """Chooses the EAGLE-2/3 tree size (eagle_total_tokens 0) by timing one generation
         per candidate size, after one warm-up generation for all of them."""
         method = self.config.speculative_method
-        # Any ids: the model continues them.
-        prompt = [1] + list(range(3, 3 + 24))[: max(0, engine.max_context // 4 - 1)]
-        new_tokens = max(1, min(48, self.config.max_tokens_limit, engine.max_context - len(prompt) - MAX_TREE))
+        new_tokens = max(1, min(48, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
+        prompt = self._measuring_prompt(engine, new_tokens)
         best, best_t = self.total_tokens, float("inf")
         for size in CALIBRATION_SIZES:
             req = GenerationRequest(request_id=f"calibrate-{size}", input_ids=prompt, max_tokens=new_tokens,
