@@ -305,23 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--markdown", default=None)
 
     args = parser.parse_args(argv)
-    try:
-        if args.command == "install":
-            install(Path(args.venv))
-            return 0
-        if args.command == "profile":
-            labelled = profile(args)
-            json_out = Path(args.json_out) if args.json_out else Path(args.out_dir) / "comparison.json"
-        else:
-            labelled = gpc.labelled_paths(args.runs, load_label)
-            json_out = Path(args.json_out) if args.json_out else None
-        markdown = Path(args.markdown) if args.markdown else None
-        footer = provenance(sys.argv[1:] if argv is None else argv, Path(args.venv)) if markdown else ""
-        print(report(labelled, json_out, markdown, footer))
-    except (gpc.CompareError, subprocess.CalledProcessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return gpc.run_command(args, argv, install, profile, lambda runs: gpc.labelled_paths(runs, load_label),
+                           provenance, report)
 
 
 if __name__ == "__main__":

@@ -488,6 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
 
     args = parser.parse_args(argv)
+    return run_command(args, argv, install, profile, lambda runs: by_stimulus(labelled_paths(runs, load_runs)),
+                       provenance, report)
+
+
+def run_command(args: argparse.Namespace, argv: list[str] | None, install, profile, load_compared,
+                provenance, report) -> int:
+    """The `install`, `profile` and `compare` commands, for this script and aiperf_compare.py
+    (each passes its own steps); 2 with the message on a `CompareError` or a failed tool."""
     try:
         if args.command == "install":
             install(Path(args.venv))
@@ -496,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             results = profile(args)
             json_out = Path(args.json_out) if args.json_out else Path(args.out_dir) / "comparison.json"
         else:
-            results = by_stimulus(labelled_paths(args.runs, load_runs))
+            results = load_compared(args.runs)
             json_out = Path(args.json_out) if args.json_out else None
         markdown = Path(args.markdown) if args.markdown else None
         footer = provenance(sys.argv[1:] if argv is None else argv, Path(args.venv)) if markdown else ""

@@ -35,6 +35,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.detokenizer import decode_delta
 from specdec.errors import InputError
 from specdec.model_config import flag, load_tokenizer
+from specdec.triton_glue import input_reader, triton_error
 
 _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT_<input>
     ("CUM_LOG_PROBS", np.float32, (1,)),
@@ -54,11 +55,6 @@ _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT
 ]
 
 
-def _error(message: str):
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
-
-
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -69,9 +65,7 @@ class TritonPythonModel:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _one(self, request) -> list:
-        def get(name):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
+        get = input_reader(pb_utils, request)
 
         tokens = get("TOKENS_BATCH")  # [1, beam, T]
         lengths = get("SEQUENCE_LENGTH")  # [1, beam]
@@ -99,5 +93,5 @@ class TritonPythonModel:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
             except InputError as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e))))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=triton_error(pb_utils, str(e))))
         return responses

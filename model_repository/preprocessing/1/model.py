@@ -24,15 +24,11 @@ import triton_python_backend_utils as pb_utils
 from specdec.errors import InputError, validate_that
 from specdec.model_config import flag, load_tokenizer
 from specdec.tensors import row_getters, scalar, strings
+from specdec.triton_glue import input_reader, triton_error
 from specdec.wordlist import encode_words, split_words, stack_word_lists, to_word_list
 
 _FIELDS = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
            "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"}  # the ensemble's names
-
-
-def _error(message: str):
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
 
 
 class TritonPythonModel:
@@ -68,9 +64,7 @@ class TritonPythonModel:
         }
 
     def _one(self, request) -> list:
-        def get(name):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
+        get = input_reader(pb_utils, request)
 
         query = get("QUERY")
         n = query.shape[0] if query is not None and query.ndim == 2 else 1
@@ -91,5 +85,5 @@ class TritonPythonModel:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
             except InputError as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e))))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=triton_error(pb_utils, str(e))))
         return responses

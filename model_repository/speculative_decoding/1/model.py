@@ -47,6 +47,7 @@ from specdec.model_config import flag, is_decoupled, string_params
 from specdec.request import METHODS, StepOutput
 from specdec.serving import (BatchAnswer, ResponseBuilder, batch_rows, build_request, is_stop_request,
                              refuse_batch)
+from specdec.triton_glue import input_reader, triton_error
 
 ADAPTER_PARAMS = ("exclude_input_in_output",)
 CANCEL_POLL_S = 0.2
@@ -54,10 +55,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _error(message: str, code: str = "INVALID_ARG"):
-    """A TritonError with `code` (INVALID_ARG, INTERNAL, UNAVAILABLE), or a plain one where
-    the Python backend has no error codes."""
-    value = getattr(pb_utils.TritonError, code, None)
-    return pb_utils.TritonError(message, value) if value is not None else pb_utils.TritonError(message)
+    return triton_error(pb_utils, message, code)
 
 
 def _response(arrays: dict[str, np.ndarray]):
@@ -126,10 +124,7 @@ class TritonPythonModel:
         return [p.response for p in answered]
 
     def _handle(self, request, sender) -> _Pending:
-        def get(name):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
-
+        get = input_reader(pb_utils, request)
         pending = _Pending(triton_id=request.request_id(), sender=sender)
         try:
             if is_stop_request(get):

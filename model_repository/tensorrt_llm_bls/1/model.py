@@ -31,28 +31,18 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.bls import GENERATE_MODEL, BlsRequest, CancelWatch, ModelError, RequestIds, Tensors
 from specdec.model_config import is_decoupled, param
+from specdec.triton_glue import error_code_name, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL", "NOT_FOUND", "UNSUPPORTED", "ALREADY_EXISTS")
 
 
 def _error(message: str, code: str = "INTERNAL"):
-    """A TritonError with `code`, or a plain one where the Python backend has no codes."""
-    value = getattr(pb_utils.TritonError, code, None)
-    return pb_utils.TritonError(message, value) if value is not None else pb_utils.TritonError(message)
-
-
-def _code_name(error) -> str:
-    code = error.code() if hasattr(error, "code") else None
-    for name in _CODES:
-        if code is not None and code == getattr(pb_utils.TritonError, name, object()):
-            return name
-    return "INTERNAL"
+    return triton_error(pb_utils, message, code)
 
 
 def _outputs(response) -> Tensors:
     if response.has_error():
-        raise ModelError(response.error().message(), _code_name(response.error()))
+        raise ModelError(response.error().message(), error_code_name(pb_utils, response.error()))
     return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
 
