@@ -1,14 +1,16 @@
-"""The two things every `model.py` of the repository asks of Triton's Python backend:
-an error with a status code, and a request's inputs as numpy arrays.
+"""What the repository's `model.py` files ask of Triton's Python backend: an error with a
+status code, a request's inputs as numpy arrays, and one response per request of a batch.
 
 `specdec` never imports Triton: both take the backend's `triton_python_backend_utils`
 module (`pb_utils`) as their first argument, so each model.py passes its own.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from .errors import InputError
 
 # Status codes of `pb_utils.TritonError`, as the HTTP front end maps them:
 # INVALID_ARG → 400, UNAVAILABLE → 503, INTERNAL → 500, CANCELLED → 499.
@@ -39,3 +41,16 @@ def input_reader(pb_utils: Any, request) -> Callable[[str], np.ndarray | None]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
     return get
+
+
+def respond_each(pb_utils: Any, requests, outputs_of: Callable[[Any], Sequence]) -> list:
+    """One `InferenceResponse` per request, with `outputs_of(request)`'s tensors; a request
+    whose inputs raise `InputError` gets an INVALID_ARG (HTTP 400) response of its own and
+    the others of the batch are answered as usual."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs_of(request)))
+        except InputError as e:
+            responses.append(pb_utils.InferenceResponse(output_tensors=[], error=triton_error(pb_utils, str(e))))
+    return responses

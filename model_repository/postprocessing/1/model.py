@@ -35,7 +35,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.detokenizer import decode_delta
 from specdec.errors import InputError
 from specdec.model_config import flag, load_tokenizer
-from specdec.triton_glue import input_reader, triton_error
+from specdec.triton_glue import input_reader, respond_each
 
 _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT_<input>
     ("CUM_LOG_PROBS", np.float32, (1,)),
@@ -88,10 +88,4 @@ class TritonPythonModel:
         return outputs
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
-            except InputError as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=triton_error(pb_utils, str(e))))
-        return responses
+        return respond_each(pb_utils, requests, self._one)

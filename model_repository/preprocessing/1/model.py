@@ -21,10 +21,10 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specdec.errors import InputError, validate_that
+from specdec.errors import validate_that
 from specdec.model_config import flag, load_tokenizer
 from specdec.tensors import row_getters, scalar, strings
-from specdec.triton_glue import input_reader, triton_error
+from specdec.triton_glue import input_reader, respond_each
 from specdec.wordlist import encode_words, split_words, stack_word_lists, to_word_list
 
 _FIELDS = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
@@ -80,10 +80,4 @@ class TritonPythonModel:
         return [pb_utils.Tensor(name, value) for name, value in outputs.items()]
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
-            except InputError as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=triton_error(pb_utils, str(e))))
-        return responses
+        return respond_each(pb_utils, requests, self._one)
