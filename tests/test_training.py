@@ -94,3 +94,26 @@ def test_without_medusa_only_the_eagle_heads_are_written(run):
     train_heads.main(args + ["--medusa-heads", "0"])
     assert sorted(p.name for p in out.iterdir()) == ["eagle", "eagle3"]
     assert json.loads((out / "eagle" / "training.json").read_text())["steps"] > 1
+
+
+COMMITTED_DATA = ROOT / "checkpoints" / "smollm2-135m-instruct" / "training_data" / "self_distill.jsonl.xz"
+
+
+@pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
+                    reason="no SmolLM2 tokenizer (run bash tools/setup_env.sh)")
+def test_the_committed_self_distilled_data_leaves_nothing_to_write(tmp_path, capsys):
+    """train_family.sh unpacks the committed conversations; self_distill.py must then see
+    every one of its default 1,488 as written, in the records the training reads."""
+    import lzma
+    sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import self_distill
+    from data import load_dataset
+    out = tmp_path / "self_distill.jsonl"
+    out.write_bytes(lzma.decompress(COMMITTED_DATA.read_bytes()))
+    assert self_distill.main(["--model", str(setup_model.FAMILY_DIR / "base"), "--out", str(out)]
+                             + ["--conversations", "1488", "--seed", "0"]) == 0
+    assert "1488 conversations already in" in capsys.readouterr().out
+    ds = load_dataset([out], max_len=1024)
+    # 1,400 answered (88 user turns were too long); the overlap check drops one, whose answer
+    # says "takes a string as an argument and returns" as a HumanEval prompt does
+    assert (len(ds.conversations), ds.overlap.dropped) == (1399, [1407])

@@ -58,7 +58,7 @@ def speedup_bars(
 
     x = np.arange(len(sets))
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(sets) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(sets) + 2) + 1.6, 4))
     for i, method in enumerate(methods):
         values = [speedups[method].get(s, np.nan) for s in sets]
         bars = ax.bar(x - 0.4 + width * (i + 0.5), values, width, label=method)
@@ -67,7 +67,7 @@ def speedup_bars(
     ax.set_xticks(x, sets)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     return _save(fig, path)
 
 
