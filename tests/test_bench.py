@@ -119,3 +119,18 @@ def test_eval_family_tiny(tmp_path, capsys):
     for part in ("### What the target answers", "### Learning curve", "| 1,000 |", "(shipped)",
                  "python tools/bench/eval_family.py --family"):
         assert part in text
+
+
+def test_same_as_names_where_each_differing_output_first_leaves_the_reference():
+    def run(label, outputs):
+        results = [bench.RequestResult(task_id=i, input_len=3, submit_s=0.0, output_ids=list(ids))
+                   for i, ids in enumerate(outputs)]
+        return bench.Run(label=label, tree="-", results=results, wall_s=1.0)
+
+    plain = run("none", [[5, 6, 7, 8], [1, 2, 3], [9, 9]])
+    tree = run("eagle2", [[5, 6, 0, 8], [1, 2, 3], [9]])  # flips at token 2; equal; a prefix of length 1
+    same = bench.same_as(tree, plain)
+    assert (same["equal"], same["total"], same["same"]) == (1, 3, False)
+    assert same["first_differences"] == [1, 2]
+    assert bench._differ_text(same) == "2/3 differ, first at token 1"
+    assert bench.same_as(run("eagle3", [[5, 6, 7, 8], [1, 2, 3], [9, 9]]), plain)["first_differences"] == []

