@@ -240,6 +240,20 @@ def test_drafting_cost_follows_the_tree_size():
     assert chosen_nodes(policy_with(cheap_small, accept=3.0), states(8))[0] in (2, 4)
 
 
+def test_a_smaller_tree_never_drafts_slower_than_a_larger_one():
+    """A noisy load-time timing that puts a 2-node tree's drafting above a 4-node tree's
+    is capped by the larger tree's; timings that already grow with the tree stand."""
+    noisy = few_rows_cost(1.12, {16: 0.014, 8: 0.010, 4: 0.0067, 2: 0.0074}.get)
+    assert noisy.draft_seconds("eagle2", 1, 2) == pytest.approx(0.0067)
+    assert noisy.draft_seconds("eagle2", 1, 4) == pytest.approx(0.0067)
+    assert noisy.draft_seconds("eagle2", 1, 16) == pytest.approx(0.014)
+    growing = few_rows_cost(1.12, {16: 0.014, 8: 0.010, 4: 0.006, 2: 0.0026}.get)
+    timed = [growing.draft_seconds("eagle2", 1, n) for n in (2, 4, 8, 16)]
+    assert timed == pytest.approx([0.0026, 0.006, 0.010, 0.014])
+    for n in (2, 3, 4, 8, 16):
+        assert noisy.draft_seconds("eagle2", 1, n) <= noisy.draft_seconds("eagle2", 1, 16)
+
+
 def run_steps(policy: SpeculationPolicy, batch: list, accepted: list[int]) -> list[int]:
     """Plans len(accepted) steps of one request, observing accepted[k] at step k if it
     speculated; returns the node budget of each step."""
@@ -402,3 +416,31 @@ def test_adaptive_engine_is_lossless_and_measures_costs(prompts):
     plain = [engine.generate(request(p, 40))[0] for p in prompts[:4]]
     spec = run_batch(engine, [request(p, 40, "eagle2", rid=f"s{i}") for i, p in enumerate(prompts[:4])])
     assert [spec[f"s{i}"] for i in range(4)] == plain
+
+
+def test_each_calibrated_tree_size_is_timed_after_a_warm_up_of_its_own(monkeypatch):
+    """A size's first generation pays a one-off cost (new shapes): timed cold, it would
+    lose to a size that is slower per token once warm. With a warm-up per size, the
+    size that is fastest warm wins, whichever size is timed first."""
+    import specdec.policy as policy_module
+
+    clock = [0.0]
+    monkeypatch.setattr(policy_module.time, "perf_counter", lambda: clock[0])
+    warm_cost = {4: 3.0, 8: 1.0, 16: 2.0, 32: 2.5, 64: 4.0}  # seconds per token, once warm
+    seen: set[int] = set()
+
+    class Engine:
+        max_context = 4096
+
+        def generate(self, req):
+            size = req.spec.total_tokens
+            clock[0] += warm_cost[size] * req.max_tokens + (0.0 if size in seen else 1000.0)
+            seen.add(size)
+            return list(range(req.max_tokens)), None, None
+
+    policy = SpeculationPolicy(EngineConfig(base_model_dir="unused", speculative_method="eagle2",
+                                            adaptive_speculation=True), {"eagle2": None}, {}, 0)
+    policy.calibration_prompt = [1, 2, 3]
+    policy._choose_total_tokens(Engine())
+    assert policy.total_tokens == 8
+    assert policy.calibration == pytest.approx(warm_cost)
