@@ -533,6 +533,7 @@ class SpeculationPolicy:
                     if B == 1 and last.stats.target_forwards:
                         accepted[size] = last.stats.total_accepted_draft_tokens / last.stats.target_forwards
                 self.cost.draft[(method, self.draft_nodes(st, size))] = points
+            self.cost.cap_drafts_by_larger_trees(method)
             if sizes[0] in accepted:
                 self.prior_accept[method] = accepted[sizes[0]]
             shares = _measured_shares(accepted, sizes[0])

@@ -147,16 +147,19 @@ class StepCost:
         above = [n for n in sizes if n >= nodes]
         return method, (above[0] if above else sizes[-1])
 
-    def _draft_base(self, key: tuple[str, int], requests: int) -> float:
-        """The load-time drafting time of `key`, never above a larger timed tree's of the
-        same method: a smaller tree drafts a subset of a larger one's work (fewer depths,
-        fewer candidates), so a timing above a larger tree's is noise. (Seen on a 2-core
-        Xeon: EAGLE-3 2-node 7.4 ms against 4-node 6.7 ms at one load, 2.6 ms at another.)"""
-        method, nodes = key
-        return min(self._draft_points(k, requests) for k in self.draft
-                   if k[0] == method and k[1] >= nodes and self.draft[k])
+    def cap_drafts_by_larger_trees(self, method: str) -> None:
+        """Lowers each timed drafting call of `method` to the least time of the same number
+        of requests at any larger timed tree: a smaller tree drafts a subset of a larger
+        one's work (fewer depths, fewer candidates), so a timing above a larger tree's is
+        noise. (Seen on a 2-core Xeon: EAGLE-3 2-node 7.4 ms against 4-node 6.7 ms at one
+        load, 2.6 ms at another.) Calibration calls it once a method's sizes are timed."""
+        least: dict[int, float] = {}  # requests -> least seconds over the sizes seen (largest first)
+        for nodes in sorted((n for m, n in self.draft if m == method), reverse=True):
+            points = self.draft[(method, nodes)]
+            for requests, seconds in points.items():
+                least[requests] = points[requests] = min(seconds, least.get(requests, seconds))
 
-    def _draft_points(self, key: tuple[str, int], requests: int) -> float:
+    def _draft_base(self, key: tuple[str, int], requests: int) -> float:
         points = self.draft[key]
         bs = sorted(points)
         return _interp(bs, [points[b] for b in bs], requests)

