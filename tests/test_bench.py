@@ -42,6 +42,7 @@ def test_latency_on_a_dataset_file(tmp_path, capsys):
     assert all(r["latency_ms"] >= r["ttft_ms"] > 0 for r in run["requests"])
     assert run["summary"]["tau"] >= 1.0
     assert data["machine"]["torch"] and data["machine"]["date"]
+    assert data["engine_at_load"] and data["engine_at_load"] in out  # the load note, as printed
 
 
 def test_throughput_compare_with_transformers(tmp_path, capsys):

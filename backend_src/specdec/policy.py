@@ -562,7 +562,8 @@ class SpeculationPolicy:
         first steps pay first-use costs (new shapes; on a GPU, allocations and library
         heuristics) that a timing of one generation would charge to that size alone. On
         an H100, with only the first size warmed, 8-node trees timed at 2.9x the per-token
-        cost of 4-node ones and 1.4x that of 64-node ones."""
+        cost of 4-node ones and 1.4x that of 64-node ones
+        (docs/bench/gpu_session_tests_family_latency.log)."""
         method = self.config.speculative_method
         new_tokens = max(1, min(48, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
         prompt = self._measuring_prompt(engine, new_tokens)

@@ -840,6 +840,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     report = dict(
         tool="tools/bench/bench.py", command=" ".join(["python tools/bench/bench.py"] + argv), config=config,
         machine=machine, requests_source=str(args.dataset or args.question_set),
+        engine_at_load=getattr(engine, "load_note", None),  # calibration's timings, as printed
         runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s,
                    step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
                    requests=[x.to_json() for x in r.results]) for r in runs],
