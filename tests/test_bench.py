@@ -99,11 +99,11 @@ def test_bad_arguments_exit_2(capsys):
 def test_eval_family_tiny(tmp_path, capsys):
     card = tmp_path / "MODEL_CARD.md"
     card.write_text("# card\n\n<!-- eval_family:begin -->\nold\n<!-- eval_family:end -->\n\nafter\n")
-    snapshot = tmp_path / "snapshots" / "1000"
-    for head in ("eagle", "eagle3"):  # a training snapshot: the heads' directories
-        shutil.copytree(FAMILY / head, snapshot / head)
+    for snapshot in (tmp_path / "round2" / "1000", tmp_path / "round1" / "500"):  # two rounds' snapshots
+        for head in ("eagle", "eagle3"):  # a training snapshot: the heads' directories
+            shutil.copytree(FAMILY / head, snapshot / head)
     out_json = tmp_path / "family.json"
-    code = eval_family.main(["--family", str(FAMILY), "--snapshots", str(tmp_path / "snapshots"),
+    code = eval_family.main(["--family", str(FAMILY), "--snapshots", str(tmp_path / "round1"), str(tmp_path / "round2"),
                              "--questions", "1", "--curve-tokens", "8", "--answer-tokens", "8", "--max-seq-len", "256",
                              "--json", str(out_json), "--model-card", str(card)])
     assert code == 0, capsys.readouterr().err
@@ -111,13 +111,13 @@ def test_eval_family_tiny(tmp_path, capsys):
     assert [a["set"] for a in data["answers"]] == ["humaneval", "mt_bench", "gsm8k", "alpaca"]
     assert all(a["question"] and isinstance(a["answer"], str) for a in data["answers"])
     curve = data["learning_curve"]
-    assert [r["answer_tokens"] for r in curve][0] == 1000 and curve[-1]["final"]
+    assert [r["answer_tokens"] for r in curve][:2] == [500, 1000] and curve[-1]["final"]
     for r in curve:
         assert r["equal_to_plain"]  # greedy speculation is lossless
         assert all(r[f"{m}_{s}"] >= 1.0 for m in ("eagle2", "eagle3") for s in ("mt_bench", "humaneval"))
     text = card.read_text()
     assert "\nold\n" not in text and text.endswith("after\n")
-    for part in ("### What the target answers", "### Learning curve", "| 1,000 |", "(shipped)",
+    for part in ("### What the target answers", "### Learning curve", "| 500 |", "| 1,000 |", "(shipped)",
                  "python tools/bench/eval_family.py --family"):
         assert part in text
 

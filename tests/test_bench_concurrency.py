@@ -38,6 +38,7 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     assert by[("plain", 1)]["tau"] == 1.0 and by[("plain", 1)]["acceptance_rate"] == 0.0
     assert by[("eagle2-fixed", 1)]["tau"] >= 1.0
     assert data["setup"]["eagle_total_tokens"] == 8
+    assert "KV" in data["setup"]["engine_at_load"]  # the engine's load note (KV budget, calibration timings)
     for path in data["plots"]:
         assert (tmp_path / path.split("/")[-1]).stat().st_size > 0
     assert (tmp_path / "conc.png").exists() and (tmp_path / "conc_latency.png").exists()

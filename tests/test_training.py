@@ -117,3 +117,82 @@ def test_the_committed_self_distilled_data_leaves_nothing_to_write(tmp_path, cap
     # 1,400 answered (88 user turns were too long); the overlap check drops one, whose answer
     # says "takes a string as an argument and returns" as a HumanEval prompt does
     assert (len(ds.conversations), ds.overlap.dropped) == (1399, [1407])
+
+
+def test_a_later_round_extends_the_feature_cache_and_goes_on_from_the_earlier_heads(run, capsys):
+    """Round n + 1 appends conversations after round n's: the cached features of the old
+    ones are kept (not recomputed), training starts from round n's heads (their holdout
+    score is the new run's starting score) and counts answer tokens on from theirs."""
+    tmp, family, heads, _ = run
+    first = tmp / "round1"
+    features = tmp / "shared_features"
+    common = ["--base", str(family / "base"), "--seed", "0", "--epochs", "1", "--batch-tokens", "256",
+              "--features", str(features)]
+    data = _conversations(tmp / "round1.jsonl", 60, seed=2)  # 60: one is held out
+    train_heads.main(common + ["--data", str(data), "--out", str(first), "--work", str(tmp / "w1")])
+    saved = json.loads((first / "eagle" / "training.json").read_text())
+    more = tmp / "appended.jsonl"
+    with more.open("w") as f:  # indexes after the first round's, so its conversations come first
+        for line in _conversations(tmp / "fresh.jsonl", 12, seed=3).read_text().splitlines():
+            record = json.loads(line)
+            f.write(json.dumps({**record, "index": 1000 + record["index"]}) + "\n")
+    cached = features / "hidden.npy"
+    import numpy as np
+    old_rows = np.load(cached, mmap_mode="r").copy()
+    capsys.readouterr()
+    second = tmp / "round2"
+    train_heads.main(common + ["--data", str(data), str(more), "--out", str(second), "--work", str(tmp / "w2"),
+                               "--init", str(first), "--snapshots", "1"])
+    out = capsys.readouterr().out
+    assert "extending the cache of 60 conversations to 72" in out
+    assert "features: 72/72" in out and "features: 60/72" not in out  # only the 12 new ones computed
+    new_rows = np.load(cached, mmap_mode="r")
+    assert np.array_equal(new_rows[: len(old_rows)], old_rows)
+    meta = json.loads((second / "eagle" / "training.json").read_text())
+    assert saved["holdout_top1_after"]["all"]["answer_tokens"] > 0
+    assert meta["holdout_top1_before"] == saved["holdout_top1_after"]  # the same heads, scored alike
+    assert meta["answer_tokens_seen"] == saved["answer_tokens_seen"] + meta["answer_tokens_this_run"]
+    assert meta["answer_tokens_this_run"] > 0
+    assert (tmp / "w2" / "snapshots" / str(saved["answer_tokens_seen"]) / "eagle3" / "config.json").is_file()
+    # the first round, run again, reads its rows of the extended cache instead of recomputing them all
+    capsys.readouterr()
+    train_heads.main(common + ["--data", str(data), "--out", str(first), "--work", str(tmp / "w1")])
+    out = capsys.readouterr().out
+    assert "the first 60 conversations of a later round's cache" in out and "features: 60/60" not in out
+    assert json.loads((first / "eagle" / "training.json").read_text())["holdout_top1_after"] == \
+        saved["holdout_top1_after"]
+    # --score-only: the saved heads' holdout scores on the second round's data, nothing trained or written
+    capsys.readouterr()
+    train_heads.main(common + ["--data", str(data), str(more), "--out", str(tmp / "unused"), "--work", str(tmp / "w2"),
+                               "--init", str(second), "--score-only"])
+    assert "holdout top-1 before training: {'all': {" in capsys.readouterr().out and not (tmp / "unused").exists()
+
+
+@pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
+                    reason="no SmolLM2 tokenizer (run bash tools/setup_env.sh)")
+def test_standard_library_code_conversations_are_seeded_python_and_clear_of_the_question_sets(tmp_path):
+    """local_code.py: the same file from the same seed; every answer is a fenced block of
+    Python that parses, tokenised as the answer text plus the end of turn, after a prompt
+    in the chat template; nothing shares an 8-word run with the evaluation sets."""
+    import ast
+    sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import local_code
+    from overlap import filter_conversations, read_records
+    from transformers import AutoTokenizer
+    base = setup_model.FAMILY_DIR / "base"
+    outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for out in outs:
+        assert local_code.main(["--tokenizer", str(base), "--out", str(out), "--max-tokens", "20000"]) == 0
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    records = read_records(outs[0])
+    assert [r["index"] for r in records] == list(range(local_code.FIRST_INDEX, local_code.FIRST_INDEX + len(records)))
+    tok = AutoTokenizer.from_pretrained(base)
+    for r in records:
+        assert r["kind"] == "fixed" and r["answer"].startswith("```python\n") and r["answer"].endswith("\n```")
+        ast.parse(r["answer"][len("```python\n"): -len("\n```")])
+        answer_ids = r["input_ids"][r["prompt_len"]:]
+        assert answer_ids[-1] == tok.eos_token_id and len(answer_ids) <= 384
+        assert tok.decode(answer_ids[:-1]) == r["answer"]
+        assert tok.decode(r["input_ids"][: r["prompt_len"]]).endswith("<|im_start|>assistant\n")
+    kept, report = filter_conversations(records)
+    assert len(kept) == len(records) > 100 and report.dropped == []

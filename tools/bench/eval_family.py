@@ -70,9 +70,10 @@ def engine_for(family: Path, eagle: Path, eagle3: Path, batch: int, max_seq_len:
                                max_batch_size=batch, max_seq_len=max_seq_len, max_tokens_limit=512))
 
 
-def learning_curve(family: Path, snapshots: Path, prompts: dict, new_tokens: int, end_id: int,
+def learning_curve(family: Path, snapshots: list[Path], prompts: dict, new_tokens: int, end_id: int,
                    max_seq_len: int) -> list[dict]:
-    points = sorted((int(p.name), p) for p in snapshots.iterdir() if p.name.isdigit()) if snapshots.is_dir() else []
+    points = sorted((int(p.name), p) for folder in snapshots if folder.is_dir()
+                    for p in folder.iterdir() if p.name.isdigit())
     # the assembled family's heads have no training.json: the committed ones record it
     records = [d / "eagle" / "training.json" for d in (family, COMMITTED_DIR)]
     record = next((r for r in records if r.is_file()), None)
@@ -127,7 +128,8 @@ def card_section(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", type=Path, default=FAMILY_DIR)
-    ap.add_argument("--snapshots", type=Path, default=REPO / ".cache" / "train" / "heads" / "snapshots")
+    ap.add_argument("--snapshots", type=Path, nargs="+", default=[REPO / ".cache" / "train" / "heads" / "snapshots"],
+                    help="folders of train_heads.py --snapshots (several: the rounds, one after another)")
     ap.add_argument("--questions", type=int, default=6, help="questions per set for the learning curve")
     ap.add_argument("--curve-tokens", type=int, default=64)
     ap.add_argument("--answer-tokens", type=int, default=128)

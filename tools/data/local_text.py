@@ -42,6 +42,16 @@ def documents() -> list[tuple[str, str]]:
     return docs
 
 
+def fixed_record(tokenizer, index: int, user: str, answer: str) -> dict:
+    """A conversation the target did not write, in `self_distill.py`'s JSONL format: the
+    user turn in the chat template, then `answer` and the end of the turn."""
+    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=True,
+                                                add_generation_prompt=True, return_dict=False))
+    answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return {"index": index, "kind": "fixed", "user": user, "answer": answer, "input_ids": prompt + answer_ids,
+            "prompt_len": len(prompt), "finish_reason": "fixed"}
+
+
 def chunks(text: str, tokenizer, limit: int) -> list[str]:
     """Paragraph-aligned pieces of at most `limit` tokens (a longer paragraph is skipped)."""
     out, current, size = [], [], 0
@@ -81,13 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     total = 0
     with args.out.open("w") as f:
         for i, (user, answer) in enumerate(pieces):
-            prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=True,
-                                                        add_generation_prompt=True, return_dict=False))
-            answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-            f.write(json.dumps({"index": 1_000_000 + i, "kind": "fixed", "user": user, "answer": answer,
-                                "input_ids": prompt + answer_ids, "prompt_len": len(prompt),
-                                "finish_reason": "fixed"}) + "\n")
-            total += len(answer_ids)
+            record = fixed_record(tokenizer, 1_000_000 + i, user, answer)
+            f.write(json.dumps(record) + "\n")
+            total += len(record["input_ids"]) - record["prompt_len"]
             if total >= args.max_tokens:
                 break
     print(f"wrote {i + 1} conversations, {total} answer tokens, from {len(pieces)} pieces", flush=True)

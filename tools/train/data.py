@@ -32,6 +32,7 @@ class Dataset:
     train: list[int]  # conversation indexes
     holdout: list[int]
     overlap: OverlapReport
+    kinds: list[str]  # per conversation: "magpie" or "code" (the target's answers), "fixed" (text it read)
 
 
 def load_dataset(paths: list[Path], max_len: int) -> Dataset:
@@ -43,7 +44,7 @@ def load_dataset(paths: list[Path], max_len: int) -> Dataset:
     keep = [i for i, (c, p) in enumerate(zip(conversations, prompt_lens)) if len(c) - p >= 2]
     train = [i for i in keep if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
     holdout = [i for i in keep if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
-    return Dataset(conversations, prompt_lens, train, holdout, report)
+    return Dataset(conversations, prompt_lens, train, holdout, report, [r.get("kind", "magpie") for r in records])
 
 
 def batches(ds: Dataset, indexes: list[int], max_tokens: int, seed: int) -> list[list[int]]:

@@ -12,7 +12,9 @@ are kept on disk (float16, memory-mapped) for every epoch and every drafter:
 N counts the tokens of all conversations back to back; `offsets[i]` is where
 conversation i starts and `prompt_lens[i]` how many of its tokens are the prompt
 (system + user turn + assistant prefix): losses are taken on the answer only.
-A rerun with the same conversations, target and batch layout reuses the cache.
+A rerun with the same conversations, target and batch layout reuses the cache; one with
+more conversations appended after the cached ones keeps their rows and computes the rest
+(a later training round), and the earlier round's conversations alone still read theirs.
 """
 from __future__ import annotations
 
@@ -67,6 +69,37 @@ def _key(conversations: list[list[int]], base_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def _extends(meta: dict, conversations: list[list[int]], base_dir: Path) -> bool:
+    """Whether the cached conversations are the first ones of `conversations` (a later
+    training round appends its new data after the old): their rows are then kept."""
+    m = meta.get("conversations", 0)
+    return 0 < m < len(conversations) and _key(conversations[:m], base_dir) == meta.get("key")
+
+
+def _is_earlier_round(meta: dict, key: str, count: int, done_path: Path) -> bool:
+    """Whether `key` names the first `count` conversations of the cache, which a later
+    round extended (`meta["earlier"]`), all of them computed."""
+    if not any(e["key"] == key and e["conversations"] == count for e in meta.get("earlier", [])):
+        return False
+    return done_path.is_file() and bool(np.load(done_path)[:count].all())
+
+
+def _grow(cache_dir: Path, old_rows: int, rows: int, H: int) -> None:
+    """Rewrites hidden.npy and aux.npy with `rows` rows, the first `old_rows` copied."""
+    for name, width in (("hidden", H), ("aux", 3 * H)):
+        path = cache_dir / f"{name}.npy"
+        old = np.load(path, mmap_mode="r")
+        assert old.shape == (old_rows, width), (path, old.shape)
+        tmp = cache_dir / f"{name}.grow.npy"
+        new = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(rows, width))
+        for start in range(0, old_rows, 1 << 16):
+            stop = min(start + (1 << 16), old_rows)
+            new[start: stop] = old[start: stop]
+        new.flush()
+        del new, old
+        tmp.replace(path)
+
+
 def base_forward(base: LlamaModel, ids: torch.Tensor, aux_layers) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B, T] (right-padded) -> (hidden [B, T, H], aux [B, T, 3H]); causal, no cache reuse."""
     B, T = ids.shape
@@ -88,10 +121,32 @@ def build_features(conversations: list[list[int]], prompt_lens: list[int], base_
     base = LlamaModel.from_pretrained(base_dir)
     H = base.shape.hidden_size
     aux_layers = eagle3_feature_layers(base.shape.num_hidden_layers)
-    mode = "r+" if meta_path.is_file() and json.loads(meta_path.read_text()).get("key") == key else "w+"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    mode = "r+" if meta.get("key") == key else "w+"
+    done_path = cache_dir / "done.npy"
+    ids_all = np.concatenate([np.asarray(c, dtype=np.int32) for c in conversations]) if conversations else \
+        np.zeros(0, dtype=np.int32)
+    prompt_lens = np.asarray(prompt_lens, dtype=np.int64)
+    if mode == "w+" and _is_earlier_round(meta, key, len(conversations), done_path):
+        # this run's conversations are the first ones of the cache's (an earlier round's data): read-only views
+        hidden = np.load(cache_dir / "hidden.npy", mmap_mode="r")[:N]
+        aux = np.load(cache_dir / "aux.npy", mmap_mode="r")[:N]
+        log(f"features: the first {len(conversations)} conversations of a later round's cache")
+        return FeatureSet(ids_all, hidden, aux, offsets, prompt_lens)
+    if mode == "w+" and _extends(meta, conversations, base_dir):
+        log(f"features: extending the cache of {meta['conversations']} conversations to {len(conversations)}")
+        _grow(cache_dir, int(meta["tokens"]), N, H)
+        done = np.zeros(len(conversations), dtype=bool)
+        if done_path.is_file():
+            old_done = np.load(done_path)
+            done[: len(old_done)] = old_done
+        np.save(done_path, done)
+        earlier = meta.get("earlier", []) + [{k: meta[k] for k in ("key", "tokens", "conversations")}]
+        meta_path.write_text(json.dumps({"key": key, "tokens": N, "conversations": len(conversations),
+                                         "earlier": earlier}) + "\n")
+        mode = "r+"
     hidden = np.lib.format.open_memmap(cache_dir / "hidden.npy", mode=mode, dtype=np.float16, shape=(N, H))
     aux = np.lib.format.open_memmap(cache_dir / "aux.npy", mode=mode, dtype=np.float16, shape=(N, 3 * H))
-    done_path = cache_dir / "done.npy"
     done = np.load(done_path) if mode == "r+" and done_path.is_file() else np.zeros(len(conversations), dtype=bool)
     if mode == "w+":
         meta_path.write_text(json.dumps({"key": key, "tokens": N, "conversations": len(conversations)}) + "\n")
@@ -121,6 +176,4 @@ def build_features(conversations: list[list[int]], prompt_lens: list[int], base_
     hidden.flush()
     aux.flush()
     np.save(done_path, done)
-    ids_all = np.concatenate([np.asarray(c, dtype=np.int32) for c in conversations]) if conversations else \
-        np.zeros(0, dtype=np.int32)
-    return FeatureSet(ids_all, hidden, aux, offsets, np.asarray(prompt_lens, dtype=np.int64))
+    return FeatureSet(ids_all, hidden, aux, offsets, prompt_lens)

@@ -24,7 +24,12 @@ Seeded and resumable: a state file in `--work` is written every `--save-every` s
 rerunning the same command goes on from it, and a state that another run left there
 (other data or settings) is refused rather than resumed. `--medusa-heads 0` trains
 and writes the EAGLE heads only. `--snapshots` saves the EAGLE heads after
-that many answer tokens (comma list), for the learning curve.
+that many answer tokens (comma list), for the learning curve. `--init DIR` starts from
+the heads saved in DIR (a later round goes on from an earlier one's heads; EAGLE-3 keeps
+their draft vocabulary; answer tokens are counted on from theirs, and with `--snapshots`
+the starting heads are the first snapshot). Before and after training, the heads' top-1 agreement with the
+target on the held-out conversations is printed and saved in `training.json`: a
+validation score that never reads the evaluation question sets.
 
     python tools/train/train_heads.py --base .cache/smollm2/base --data .cache/data/self_distill.jsonl \
         --out checkpoints/smollm2-135m-instruct --work .cache/train/heads
@@ -45,8 +50,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import (Dataset, coverage, epoch_schedule, frequent_tokens, learning_rate, load_dataset,  # noqa: E402
-                  load_state, run_key)  # noqa: E402
+from data import (Dataset, batches, coverage, epoch_schedule, frequent_tokens, learning_rate,  # noqa: E402
+                  load_dataset, load_state, run_key)  # noqa: E402
 from features import FeatureSet, build_features  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
 from specdec.models.eagle3 import Eagle3Head  # noqa: E402
@@ -182,6 +187,67 @@ class Heads(torch.nn.Module):
             block.linear.bias.data.zero_()
 
 
+def load_initial(heads: Heads, init: Path) -> None:
+    """Loads the heads that `save_heads` wrote to `init` (the shared embeddings and Medusa's
+    projections, which are the target's, stay as `Heads` set them)."""
+    from safetensors.torch import load_file
+
+    for name, module in (("eagle", heads.eagle), ("eagle3", heads.eagle3)):
+        state = load_file(str(init / name / "model.safetensors"))
+        missing, unexpected = module.load_state_dict({k: v.to(module.state_dict()[k].dtype) for k, v in state.items()
+                                                      if k in module.state_dict()}, strict=False)
+        if set(missing) != {"embed_tokens.weight"} or unexpected or len(state) != len(module.state_dict()) - 1:
+            raise SystemExit(f"{init / name} does not match this run's {name} head (missing {missing[:4]})")
+    if len(heads.medusa):
+        state = load_file(str(init / "medusa" / "medusa_resblocks.safetensors"))
+        for k, block in enumerate(heads.medusa):
+            block.load_state_dict({n: state[f"{k}.0.{n}"].float() for n in block.state_dict()})
+
+
+def tokens_seen_by(init: Path) -> int:
+    """The answer tokens (epochs counted) the heads in `init` were trained on."""
+    return int(json.loads((init / "eagle" / "training.json").read_text())["answer_tokens_seen"])
+
+
+def initial_draft_vocabulary(init: Path) -> torch.Tensor:
+    """EAGLE-3's draft vocabulary (target ids, sorted) of the head saved in `init`."""
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(init / "eagle3" / "model.safetensors"))["d2t"].long()
+    return d2t + torch.arange(len(d2t))
+
+
+def holdout_scores(heads: Heads, fs: FeatureSet, ds: Dataset, lm_head, train_rows, draft_rows, batch_tokens: int,
+                   ttt_steps: int) -> dict:
+    """Top-1 agreement with the target on the held-out conversations: all of them, and the
+    self-distilled ones alone (the target's own answers, what serving drafts for)."""
+    own = [c for c in ds.holdout if ds.kinds[c] != "fixed"]
+    return {"all": _top1(heads, fs, ds, ds.holdout, lm_head, train_rows, draft_rows, batch_tokens, ttt_steps),
+            "self_distilled": _top1(heads, fs, ds, own, lm_head, train_rows, draft_rows, batch_tokens, ttt_steps)}
+
+
+@torch.no_grad()
+def _top1(heads: Heads, fs: FeatureSet, ds: Dataset, indexes: list[int], lm_head, train_rows, draft_rows,
+          batch_tokens: int, ttt_steps: int) -> dict:
+    """Top-1 agreement with the target on conversations `indexes`, weighted by their answer
+    tokens: EAGLE-1, EAGLE-3 per unrolled step, Medusa per head."""
+    sums, total = None, 0.0
+    gen = torch.Generator().manual_seed(0)
+    for group in batches(ds, indexes, batch_tokens, seed=0):
+        ids, hidden, aux, weight = batch_tensors(fs, ds, group)
+        _, (acc_e, acc_3, acc_m) = losses(heads, lm_head, train_rows, draft_rows, ids, hidden, aux, weight,
+                                          ttt_steps, gen, noise=0.0)
+        scores = [acc_e] + acc_3 + acc_m
+        n = float(weight.sum())
+        sums = [n * a for a in scores] if sums is None else [t + n * a for t, a in zip(sums, scores)]
+        total += n
+    if not total:
+        return {}
+    mean = [round(t / total, 4) for t in sums]
+    return {"eagle": mean[0], "eagle3_per_step": mean[1: 1 + ttt_steps], "medusa_per_head": mean[1 + ttt_steps:],
+            "answer_tokens": int(total)}
+
+
 def train_vocab_target(hidden: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
     """The target's distribution renormalised over the rows' tokens: hidden [B, T, H] -> [B, T, V']."""
     return torch.softmax(hidden @ lm_rows.T, dim=-1)
@@ -280,12 +346,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--snapshots", default="", help="answer-token counts at which to save the EAGLE heads")
     ap.add_argument("--save-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, help="start from the heads saved in this folder (eagle/, eagle3/, medusa/); "
+                    "answer tokens are then counted on from theirs")
+    ap.add_argument("--score-only", action="store_true",
+                    help="print the --init heads' holdout scores and stop (compares rounds on the same data)")
+    ap.add_argument("--features", type=Path, help="the feature cache (default: WORK/features); one cache serves "
+                    "every round whose data appends to the last round's")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
+    args.work.mkdir(parents=True, exist_ok=True)
     ds = load_dataset(args.data, args.max_len)
     print(ds.overlap.summary(), flush=True)
-    fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.work / "features",
+    fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.features or args.work / "features",
                         log=lambda m: print(m, flush=True))
     base = LlamaModel.from_pretrained(args.base)
     for p in base.parameters():
@@ -293,29 +366,42 @@ def main(argv: list[str] | None = None) -> None:
     base_cfg = json.loads((args.base / "config.json").read_text())
     lm_head = base.lm_head.weight.detach()
     train_rows = frequent_tokens(ds, ds.train, args.train_vocab)
-    draft_ids = frequent_tokens(ds, ds.train, args.draft_vocab)
+    draft_ids = initial_draft_vocabulary(args.init) if args.init else frequent_tokens(ds, ds.train, args.draft_vocab)
     print(f"train: {len(ds.train)} conversations, {fs.answer_tokens(ds.train)} answer tokens; holdout "
           f"{len(ds.holdout)}; train vocabulary covers {coverage(ds, ds.holdout, train_rows):.3f} and the draft "
           f"vocabulary {coverage(ds, ds.holdout, draft_ids):.3f} of held-out answer tokens", flush=True)
 
     heads = Heads(base, base_cfg, draft_ids, args.medusa_heads)
+    if args.init:
+        load_initial(heads, args.init)
     draft_rows = lm_head[draft_ids]  # the target's LM head over the draft vocabulary
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = epoch_schedule(ds, args.batch_tokens, args.epochs, args.seed)
     total = len(schedule)
-    key = run_key(ds, schedule, {k: v for k, v in vars(args).items() if k not in ("save_every", "snapshots")})
+    key = run_key(ds, schedule, {k: v for k, v in vars(args).items()
+                                 if k not in ("save_every", "snapshots", "features")})
     gen = torch.Generator().manual_seed(args.seed)
     snapshots = sorted(int(s) for s in args.snapshots.split(",") if s)
     state_path = args.work / "state.pt"
-    step, seen = 0, 0
-    state = load_state(state_path, key)
+    step, seen = 0, tokens_seen_by(args.init) if args.init else 0
+    state = None if args.score_only else load_state(state_path, key)
     if state is not None:
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         gen.set_state(state["gen"])
         step, seen = state["step"], state["seen"]
         print(f"resumed at step {step}/{total}", flush=True)
+
+    def validate() -> dict:
+        return holdout_scores(heads, fs, ds, lm_head, train_rows, draft_rows, args.batch_tokens, args.ttt_steps)
+
+    initial = validate() if step == 0 else (state or {}).get("initial_holdout", {})
+    print(f"holdout top-1 before training: {initial}", flush=True)
+    if args.score_only:
+        return
+    if args.init and snapshots and step == 0:  # the curve of this round starts at the heads it starts from
+        save_heads(heads, base_cfg, base.shape, args.work / "snapshots" / str(seen), dict(answer_tokens=seen))
     t0 = time.time()
     while step < total:
         for g in opt.param_groups:
@@ -340,11 +426,15 @@ def main(argv: list[str] | None = None) -> None:
                   f"top1/head {[round(a, 2) for a in acc_m]} | {el / 60:.1f} min", flush=True)
         if step % args.save_every == 0 or step == total:
             torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step, "seen": seen, "run_key": key}, state_path)
+                        "step": step, "seen": seen, "run_key": key, "initial_holdout": initial}, state_path)
+    final = validate()
+    print(f"holdout top-1 after training: {final}", flush=True)
     meta = dict(answer_tokens_seen=seen, conversations=len(ds.train), epochs=args.epochs, steps=total,
                 batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps,
                 draft_vocab=args.draft_vocab, train_vocab=args.train_vocab, noise=args.noise,
-                overlap=ds.overlap.summary())
+                overlap=ds.overlap.summary(), init=str(args.init) if args.init else None,
+                answer_tokens_this_run=seen - (tokens_seen_by(args.init) if args.init else 0),
+                holdout_top1_before=initial, holdout_top1_after=final)
     save_heads(heads, base_cfg, base.shape, args.out, meta)
     print(f"saved to {args.out}", flush=True)
 
