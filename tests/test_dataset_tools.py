@@ -48,7 +48,7 @@ def test_all_four_question_sets_are_present():
     ]
 
 
-@pytest.mark.parametrize("path", QUESTION_SETS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", QUESTION_SETS, ids=[p.stem for p in QUESTION_SETS])
 def test_converter_keeps_exactly_the_first_turns_in_order(path, tmp_path):
     out = tmp_path / "converted.jsonl"
     assert dataset_converter.convert_file(path, out) == 80
