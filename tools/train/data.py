@@ -34,6 +34,10 @@ class Dataset:
     overlap: OverlapReport
     kinds: list[str]  # per conversation: "magpie" or "code" (the target's answers), "fixed" (text it read)
 
+    def self_distilled(self, indexes: list[int]) -> list[int]:
+        """Those of `indexes` whose answers the target wrote itself."""
+        return [c for c in indexes if self.kinds[c] != "fixed"]
+
 
 def load_dataset(paths: list[Path], max_len: int) -> Dataset:
     records = [r for p in paths for r in read_records(p)]

@@ -58,22 +58,28 @@ class FeatureSet:
         return int(sum(self.offsets[c + 1] - self.offsets[c] - self.prompt_lens[c] for c in cs))
 
 
-def _key(conversations: list[list[int]], base_dir: Path) -> str:
+def _target_digest(base_dir: Path):
+    """sha256 over the target's weights (not how they were made): every key starts from it."""
     digest = hashlib.sha256()
-    with (base_dir / "model.safetensors").open("rb") as f:  # the target's weights, not how they were made
+    with (base_dir / "model.safetensors").open("rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):
             digest.update(block)
+    return digest
+
+
+def _key(conversations: list[list[int]], target_digest) -> str:
+    digest = target_digest.copy()
     for ids in conversations:
         digest.update(np.asarray(ids, dtype=np.int32).tobytes())
         digest.update(b"|")
     return digest.hexdigest()
 
 
-def _extends(meta: dict, conversations: list[list[int]], base_dir: Path) -> bool:
+def _extends(meta: dict, conversations: list[list[int]], target_digest) -> bool:
     """Whether the cached conversations are the first ones of `conversations` (a later
     training round appends its new data after the old): their rows are then kept."""
     m = meta.get("conversations", 0)
-    return 0 < m < len(conversations) and _key(conversations[:m], base_dir) == meta.get("key")
+    return 0 < m < len(conversations) and _key(conversations[:m], target_digest) == meta.get("key")
 
 
 def _is_earlier_round(meta: dict, key: str, count: int, done_path: Path) -> bool:
@@ -113,7 +119,8 @@ def build_features(conversations: list[list[int]], prompt_lens: list[int], base_
                    log=print) -> FeatureSet:
     """Computes (or reuses) the target's features for `conversations` in `cache_dir`."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _key(conversations, base_dir)
+    target_digest = _target_digest(base_dir)
+    key = _key(conversations, target_digest)
     meta_path = cache_dir / "meta.json"
     offsets = np.zeros(len(conversations) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(c) for c in conversations])
@@ -133,7 +140,7 @@ def build_features(conversations: list[list[int]], prompt_lens: list[int], base_
         aux = np.load(cache_dir / "aux.npy", mmap_mode="r")[:N]
         log(f"features: the first {len(conversations)} conversations of a later round's cache")
         return FeatureSet(ids_all, hidden, aux, offsets, prompt_lens)
-    if mode == "w+" and _extends(meta, conversations, base_dir):
+    if mode == "w+" and _extends(meta, conversations, target_digest):
         log(f"features: extending the cache of {meta['conversations']} conversations to {len(conversations)}")
         _grow(cache_dir, int(meta["tokens"]), N, H)
         done = np.zeros(len(conversations), dtype=bool)

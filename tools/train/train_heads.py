@@ -194,9 +194,10 @@ def load_initial(heads: Heads, init: Path) -> None:
 
     for name, module in (("eagle", heads.eagle), ("eagle3", heads.eagle3)):
         state = load_file(str(init / name / "model.safetensors"))
-        missing, unexpected = module.load_state_dict({k: v.to(module.state_dict()[k].dtype) for k, v in state.items()
-                                                      if k in module.state_dict()}, strict=False)
-        if set(missing) != {"embed_tokens.weight"} or unexpected or len(state) != len(module.state_dict()) - 1:
+        own = module.state_dict()
+        missing, unexpected = module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items() if k in own},
+                                                     strict=False)
+        if set(missing) != {"embed_tokens.weight"} or unexpected or len(state) != len(own) - 1:
             raise SystemExit(f"{init / name} does not match this run's {name} head (missing {missing[:4]})")
     if len(heads.medusa):
         state = load_file(str(init / "medusa" / "medusa_resblocks.safetensors"))
@@ -221,7 +222,7 @@ def holdout_scores(heads: Heads, fs: FeatureSet, ds: Dataset, lm_head, train_row
                    ttt_steps: int) -> dict:
     """Top-1 agreement with the target on the held-out conversations: all of them, and the
     self-distilled ones alone (the target's own answers, what serving drafts for)."""
-    own = [c for c in ds.holdout if ds.kinds[c] != "fixed"]
+    own = ds.self_distilled(ds.holdout)
     return {"all": _top1(heads, fs, ds, ds.holdout, lm_head, train_rows, draft_rows, batch_tokens, ttt_steps),
             "self_distilled": _top1(heads, fs, ds, own, lm_head, train_rows, draft_rows, batch_tokens, ttt_steps)}
 
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     draft_ids = initial_draft_vocabulary(args.init) if args.init else frequent_tokens(ds, ds.train, args.draft_vocab)
     print(f"train: {len(ds.train)} conversations, {fs.answer_tokens(ds.train)} answer tokens; holdout "
           f"{len(ds.holdout)}; train vocabulary covers {coverage(ds, ds.holdout, train_rows):.3f} and the draft "
-          f"vocabulary {coverage(ds, ds.holdout, draft_ids):.3f} of held-out answer tokens", flush=True)
+          f"vocabulary {coverage(ds, ds.holdout, draft_ids):.3f} of held-out answer tokens (of the self-distilled "
+          f"ones {coverage(ds, ds.self_distilled(ds.holdout), draft_ids):.3f})", flush=True)
 
     heads = Heads(base, base_cfg, draft_ids, args.medusa_heads)
     if args.init:
@@ -384,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     snapshots = sorted(int(s) for s in args.snapshots.split(",") if s)
     state_path = args.work / "state.pt"
-    step, seen = 0, tokens_seen_by(args.init) if args.init else 0
+    start_tokens = tokens_seen_by(args.init) if args.init else 0
+    step, seen = 0, start_tokens
     state = None if args.score_only else load_state(state_path, key)
     if state is not None:
         heads.load_state_dict(state["heads"])
@@ -396,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     def validate() -> dict:
         return holdout_scores(heads, fs, ds, lm_head, train_rows, draft_rows, args.batch_tokens, args.ttt_steps)
 
-    initial = validate() if step == 0 else (state or {}).get("initial_holdout", {})
+    initial = validate() if state is None else state.get("initial_holdout", {})
     print(f"holdout top-1 before training: {initial}", flush=True)
     if args.score_only:
         return
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
                 batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps,
                 draft_vocab=args.draft_vocab, train_vocab=args.train_vocab, noise=args.noise,
                 overlap=ds.overlap.summary(), init=str(args.init) if args.init else None,
-                answer_tokens_this_run=seen - (tokens_seen_by(args.init) if args.init else 0),
+                answer_tokens_this_run=seen - start_tokens,
                 holdout_top1_before=initial, holdout_top1_after=final)
     save_heads(heads, base_cfg, base.shape, args.out, meta)
     print(f"saved to {args.out}", flush=True)
