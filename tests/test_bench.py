@@ -135,3 +135,13 @@ def test_same_as_names_where_each_differing_output_first_leaves_the_reference():
     assert same["first_differences"] == [1, 2]
     assert bench._differ_text(same) == "2/3 differ, first at token 1"
     assert bench.same_as(run("eagle3", [[5, 6, 7, 8], [1, 2, 3], [9, 9]]), plain)["first_differences"] == []
+
+
+def test_reports_carry_no_machine_paths():
+    """Committed reports write the checkout as `.`, its folder as `..` and the home folder
+    as `~` (the engine's load note names the calibration cache under the home folder)."""
+    from pathlib import Path
+    root = Path(bench.__file__).resolve().parents[2]
+    note = f"weights {root}/.cache/smollm2/base; saved to {Path.home()}/.cache/specdec/calibration-0.json"
+    assert bench.portable(note) == "weights ./.cache/smollm2/base; saved to ~/.cache/specdec/calibration-0.json"
+    assert bench.portable(root.parent / "shared" / "data") == "../shared/data"

@@ -20,16 +20,20 @@
   beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
   Expected accepted tokens come from each request's recent acceptance at each tree
   size it drafted (`AdaptiveState`), starting from what served requests of its method
-  accepted at that size (before any: the prior measured at load), so requests whose
-  drafts stop matching, and large batches, speculate less. A request whose speculation
-  is off probes it again after `FIRST_BACKOFF` steps: judged at its method's prior,
-  and if the plan still turns its tree down, with a 2-node tree where the model expects
-  that to cost little (`PROBE_MAX_LOSS`), since the prior was measured on other text.
-  It waits twice as long after each probe after which the plan still turned its tree
-  down (at τ 1.25 most probes accept something, and resetting the wait after any
-  acceptance kept such requests probing every few steps). A batch whose plan turned
-  every tree down is planned again after `REPLAN_STEPS` steps, or as soon as it
-  changes. Requests that pinned their tree size, and configs with
+  accepted (`_served_estimate`: the prior measured at load, on other text, corrected
+  by served steps and returning to the prior while nothing is drafted), so requests
+  whose drafts stop matching, and large batches, speculate less. A request whose
+  speculation is off is judged as new again after `FIRST_BACKOFF` steps, and if the
+  plan still turns its tree down, probes with a 2-node tree where the model expects
+  that to cost little (`PROBE_MAX_LOSS`): only a drafted tree measures the request's
+  own text. It waits twice as long after each probe after which the plan still turned
+  its tree down (at τ 1.25 most probes accept something, and resetting the wait after
+  any acceptance kept such requests probing every few steps). Judging a due request at
+  the prior instead, round 4's EAGLE-3 (2.0 accepted drafts per step at load, ~0.6 on
+  MT-bench) made the plan of 4 requests an 8-node tree for all of them at every
+  probe, which the CPU's verify prices at +53 %: 0.93x of plain decoding. A batch
+  whose plan turned every tree down is planned again after `REPLAN_STEPS` steps, or
+  as soon as it changes. Requests that pinned their tree size, and configs with
   `adaptive_speculation: false`, are left alone.
 """
 from __future__ import annotations
@@ -64,6 +68,14 @@ PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many obser
 DECAY = 0.8  # each new observation keeps this much of the older ones' weight (~5-step memory)
 STALE_AFTER = 32  # a request's mean at a tree size no longer counts this many observations after its last
 SERVED_DECAY = 0.98  # the same for a method's acceptance over all served requests (~50 steps)
+# ... whose weight also keeps this much of itself per plan made without an observation
+# at its size, so that a served estimate that turned every tree down returns to the
+# prior (half way after ~140 plans from the weight of one step of 4 requests): text that
+# drafts well again is found by the plan, not only by 2-node probes, which 4 requests
+# on the CPU cannot afford (+27 % verify). Simulated on round 4's calibration at 1-16
+# requests: 0.98 re-tried trees often enough to cost 2 % where drafts accept a third of
+# the prior, and without it a request's one unlucky step turned trees off for good
+SERVED_FORGET = 0.995
 # A tree must beat plain steps by this modelled margin: predictions are within ~10 % of
 # measured steps, and the model leaves out what only speculating costs (a newcomer's
 # drafter catching up on its prompt; probes after pauses). At 16 clients on the CPU
@@ -72,12 +84,12 @@ SPECULATE_MARGIN = 0.10
 PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
 MAX_BACKOFF = 64  # ... doubled after each probe the plan did not follow with a tree, up to this
-# A probe the plan turns down at the method's prior acceptance is still made with the
-# smallest tree (2 nodes) when that costs the step at most this share of its modelled
-# rate, divided by the batch's requests (the probe is for one request; its cost, the
-# padding of every row's verify, falls on all): the prior was measured at load on text
-# that is not the request's, and only a drafted tree measures the request's own
-# acceptance. Undivided, the 2-node probes of 16 requests cost 3-4 % of plain
+# A probe the plan turns down at the served estimate is still made with the smallest
+# tree (2 nodes) when that costs the step at most this share of its modelled rate,
+# divided by the batch's requests (the probe is for one request; its cost, the padding
+# of every row's verify, falls on all): the estimate comes from other requests' text
+# (or, before any, from the prior measured at load), and only a drafted tree measures
+# the request's own acceptance. Undivided, the 2-node probes of 16 requests cost 3-4 % of plain
 # decoding's throughput on the CPU; at 0 (only where the model expects a gain) a
 # single request's probes hung on noise in the modelled costs (EAGLE-3 on HumanEval
 # 1.12x in one run, 1.01x in the next).
@@ -151,9 +163,8 @@ class SpeculationPolicy:
         # After a plan that turned every tree down: (what it was planned from, its step)
         self._denied: Optional[tuple[tuple, int]] = None
         self._held = False  # the last `_best_size` returned a held plan without trees
-        # (method, full tree, nodes) -> [mean accepted drafts per step, weight] over every
-        # served request's steps: where a new request starts, rather than at the prior
-        # calibration measured on its own text
+        # (method, full tree, nodes) -> [mean accepted drafts per step, weight, the plan of
+        # the last observation] over every served request's steps (`_served_estimate`)
         self.served: dict[tuple[str, int, int], list[float]] = {}
         self._calibrating = False
 
@@ -327,11 +338,8 @@ class SpeculationPolicy:
     def _expected_accept(self, state, nodes: int) -> float:
         """Expected accepted drafts per step of a request with a `nodes` budget: its own
         fresh mean at that size; else its mean at the size it drafted last, scaled by the
-        two sizes' shares of a full tree's acceptance. Before it drafted: what served
-        requests of its method accepted at that size, else the method's prior times the
-        size's share. At a probe, which judges the request as new, the larger of those
-        two: served requests that found the trees not paying must not stop every later
-        request from trying."""
+        two sizes' shares of a full tree's acceptance. Before it drafted, and once its
+        probe is due (it is judged as new): `_served_estimate`."""
         if nodes <= 1:
             return 0.0
         stats = self._stats(state)
@@ -342,11 +350,25 @@ class SpeculationPolicy:
                 return own
             last = stats.last_size
             return stats.at_size[last][0] * self._share(method, nodes, full) / self._share(method, last, full)
-        guess = stats.prior * self._share(method, nodes, full)
-        served = self.served.get((method, full, nodes))
-        if served is None:
-            return guess
-        return max(guess, served[0]) if stats.probe_due else served[0]
+        return self._served_estimate(stats.prior, method, full, nodes)
+
+    def _served_estimate(self, prior: float, method: str, full: int, nodes: int) -> float:
+        """Accepted drafts per step at `nodes` nodes for a new request of the method and
+        full tree: the prior's guess (prior x the size's share) with PRIOR_WEIGHT,
+        averaged with what served requests accepted at every size they drafted, each
+        scaled to `nodes` by the two sizes' shares and weighted by its weight (so a size
+        the plan never picked does not keep the prior where served text accepted a third
+        of it at the others). A served weight forgets SERVED_FORGET of itself per plan
+        since its last observation."""
+        guess = prior * self._share(method, nodes, full)
+        total, weight = PRIOR_WEIGHT * guess, PRIOR_WEIGHT
+        for size in set(_ladder(full)) | {nodes}:
+            entry = self.served.get((method, full, size))
+            if entry is not None:
+                w = entry[1] * SERVED_FORGET ** (self._step - entry[2])
+                total += w * entry[0] * self._share(method, nodes, full) / self._share(method, size, full)
+                weight += w
+        return total / weight
 
     def _rate(self, states: list, budgets: list[int]) -> float:
         """Expected emitted tokens per second of a step with these node budgets: each
@@ -403,8 +425,11 @@ class SpeculationPolicy:
         stats.observe(nodes, accepted, start=self._expected_accept(state, nodes))
         if not self._calibrating:  # calibration's text is not what is served
             method, full = state.settings.method, self.full_nodes(state.settings)
-            entry = self.served.setdefault((method, full, nodes),
-                                           [stats.prior * self._share(method, nodes, full), PRIOR_WEIGHT])
+            entry = self.served.get((method, full, nodes))
+            if entry is None:
+                entry = self.served[(method, full, nodes)] = [0.0, 0.0, self._step]
+            entry[1] *= SERVED_FORGET ** (self._step - entry[2])
+            entry[2] = self._step
             _weigh_in(entry, accepted, SERVED_DECAY)
 
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:

@@ -418,13 +418,14 @@ def describe_tree(entry: str, engine: Optional[Engine], args: argparse.Namespace
 
 
 def portable(value):
-    """A report's value with this checkout's root written as `.` and its folder as `..`
-    (reports are committed: they should not carry one machine's paths)."""
+    """A report's value with this checkout's root written as `.`, its folder as `..` and
+    the home folder as `~` (reports are committed: they should not carry one machine's
+    paths, such as the calibration cache's in the engine's load note)."""
     if isinstance(value, Path):
         value = str(value)
     if isinstance(value, str):
         root = str(Path(__file__).resolve().parents[2])
-        value = value.replace(root, ".").replace(str(Path(root).parent), "..")
+        value = value.replace(root, ".").replace(str(Path(root).parent), "..").replace(str(Path.home()) + "/", "~/")
     return value
 
 
@@ -840,7 +841,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     report = dict(
         tool="tools/bench/bench.py", command=" ".join(["python tools/bench/bench.py"] + argv), config=config,
         machine=machine, requests_source=str(args.dataset or args.question_set),
-        engine_at_load=getattr(engine, "load_note", None),  # calibration's timings, as printed
+        engine_at_load=portable(getattr(engine, "load_note", None)),  # calibration's timings, as printed
         runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s,
                    step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
                    requests=[x.to_json() for x in r.results]) for r in runs],

@@ -479,7 +479,7 @@ def run_benchmark(args) -> dict:
         setup.update(family=portable(args.family), device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                      eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,
                      omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                     engine_at_load=getattr(engine, "load_note", None))  # calibration's timings, as printed
+                     engine_at_load=portable(getattr(engine, "load_note", None)))  # calibration's timings, as printed
     points: list[Point] = []
     try:
         for c in configs:

@@ -16,7 +16,8 @@
 #              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
 # concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 and EAGLE-3 adaptive vs
-#              EAGLE-3 with a fixed 16-node tree at 1-32 concurrent requests
+#              EAGLE-3 with a fixed 16-node tree at 1-32 concurrent requests, one run;
+#              then plain vs EAGLE-2 and EAGLE-3 adaptive, three repeats at every level
 # genai-perf   tools/bench/genai_perf_run.sh: GenAI-Perf at concurrency 1 against the served
 #              ensemble: plain decoding, EAGLE-2 and EAGLE-3 as tools/serve.sh serves them
 set -euo pipefail
@@ -64,7 +65,11 @@ for stage in "${stages[@]}"; do
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
         --configs plain,eagle2,eagle3,eagle3-fixed --concurrency 1,2,4,8,16,32 --num-requests 32 \
         --output-tokens 32 --eagle-total-tokens 16 \
-        --report-json "$OUT/concurrency.json" --plot "$OUT/concurrency.png" ;;
+        --report-json "$OUT/concurrency.json" --plot "$OUT/concurrency.png"
+      $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
+        --configs plain,eagle2,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 \
+        --output-tokens 32 --eagle-total-tokens 16 --repeats 3 \
+        --report-json "$OUT/concurrency_repeats.json" --plot "$OUT/concurrency_repeats.png" ;;
     genai-perf)  # its repositories, logs and artifacts stay in .cache; the comparison comes here
       REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf
       cp .cache/genai_perf/comparison.json "$OUT/genai_perf.json"
