@@ -119,6 +119,30 @@ def test_the_committed_self_distilled_data_leaves_nothing_to_write(tmp_path, cap
     assert (len(ds.conversations), ds.overlap.dropped) == (1399, [1407])
 
 
+@pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
+                    reason="no SmolLM2 tokenizer (run bash tools/setup_env.sh)")
+def test_a_later_rounds_conversations_start_at_first(tmp_path, capsys, monkeypatch):
+    """A later round writes conversations --first .. --conversations - 1 to a file of its
+    own (the earlier round's file stays what its heads saw): none of the earlier indexes
+    are written again."""
+    sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import self_distill
+
+    class NoEngine(Exception):
+        pass
+
+    def no_engine(*args, **kwargs):
+        raise NoEngine
+
+    monkeypatch.setattr(self_distill, "Engine", no_engine)
+    out = tmp_path / "round5.jsonl"
+    out.write_text(json.dumps({"index": 1489, "kind": "magpie", "skipped": "user turn length"}) + "\n")
+    with pytest.raises(NoEngine):
+        self_distill.main(["--model", str(setup_model.FAMILY_DIR / "base"), "--out", str(out),
+                           "--first", "1488", "--conversations", "1492"])
+    assert f"1 conversations already in {out}; 3 to write" in capsys.readouterr().out
+
+
 def test_a_later_round_extends_the_feature_cache_and_goes_on_from_the_earlier_heads(run, capsys):
     """Round n + 1 appends conversations after round n's: the cached features of the old
     ones are kept (not recomputed), training starts from round n's heads (their holdout

@@ -14,7 +14,11 @@ drafters should learn the target's argmax continuations.
 Generation runs on this repository's engine (in-flight batching, plain decoding). Each
 conversation `i` has its own seed (`--seed` + i) and kind (every `--code-every`-th is
 `code`); the output file is JSONL, one finished conversation a line, and a rerun skips
-the conversations it already holds (resumable, e.g. `nohup ... &`). Never reads the
+the conversations it already holds (resumable, e.g. `nohup ... &`). A later round's
+conversations (`--first N`) go to a file of their own, so that the earlier rounds'
+file stays what their heads saw. Training orders conversations by index, and these
+indexes lie below the local sources' (1,000,000 and up), so adding them does not
+extend the feature cache: `tools/train/features.py` computes it again. Never reads the
 EAGLE question sets; `tools/data/overlap.py` checks the result against them.
 
     python tools/data/self_distill.py --model .cache/models/smollm2-135m-instruct \
@@ -105,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--conversations", type=int, default=2000)
+    ap.add_argument("--conversations", type=int, default=2000, help="writes conversations FIRST .. this - 1")
+    ap.add_argument("--first", type=int, default=0,
+                    help="the first conversation's index (a later round's conversations, in a file of their own)")
     ap.add_argument("--batch-size", type=int, default=96)
     ap.add_argument("--max-answer-tokens", type=int, default=320)
     ap.add_argument("--code-every", type=int, default=4, help="every N-th conversation is a code request")
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in args.out.read_text().splitlines():
             if line.strip():
                 done.add(json.loads(line)["index"])
-    todo = [i for i in range(args.conversations) if i not in done]
+    todo = [i for i in range(args.first, args.conversations) if i not in done]
     print(f"{len(done)} conversations already in {args.out}; {len(todo)} to write", flush=True)
     if not todo:
         return 0
