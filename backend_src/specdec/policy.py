@@ -360,13 +360,13 @@ class SpeculationPolicy:
         the plan never picked does not keep the prior where served text accepted a third
         of it at the others). A served weight forgets SERVED_FORGET of itself per plan
         since its last observation."""
-        guess = prior * self._share(method, nodes, full)
-        total, weight = PRIOR_WEIGHT * guess, PRIOR_WEIGHT
+        share = self._share(method, nodes, full)
+        total, weight = PRIOR_WEIGHT * prior * share, PRIOR_WEIGHT
         for size in set(_ladder(full)) | {nodes}:
             entry = self.served.get((method, full, size))
             if entry is not None:
                 w = entry[1] * SERVED_FORGET ** (self._step - entry[2])
-                total += w * entry[0] * self._share(method, nodes, full) / self._share(method, size, full)
+                total += w * entry[0] * share / self._share(method, size, full)
                 weight += w
         return total / weight
 
