@@ -119,6 +119,19 @@ def test_the_committed_self_distilled_data_leaves_nothing_to_write(tmp_path, cap
     assert (len(ds.conversations), ds.overlap.dropped) == (1399, [1407])
 
 
+def test_the_committed_round_5_data_is_what_train_family_trains_on():
+    """Round 5's committed conversations follow the first file's indexes without reusing
+    one: 2,320 of indexes 1,488-3,907 (the writing was stopped with its last batch in
+    flight), as train_family.sh's comment and the model card say."""
+    import lzma
+    first = {json.loads(line)["index"] for line in lzma.decompress(COMMITTED_DATA.read_bytes()).splitlines()}
+    round5_file = COMMITTED_DATA.with_name("self_distill_round5.jsonl.xz")
+    round5 = [json.loads(line)["index"] for line in lzma.decompress(round5_file.read_bytes()).splitlines()]
+    assert first == set(range(1488))
+    assert len(round5) == len(set(round5)) == 2320
+    assert (min(round5), max(round5)) == (1488, 3907)
+
+
 @pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
                     reason="no SmolLM2 tokenizer (run bash tools/setup_env.sh)")
 def test_a_later_rounds_conversations_start_at_first(tmp_path, capsys, monkeypatch):

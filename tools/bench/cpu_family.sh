@@ -59,7 +59,7 @@ for stage in "${stages[@]}"; do
       latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
     family)
       $PY tools/bench/eval_family.py --questions 4 --curve-tokens 48 --json "$OUT/family.json" \
-        --snapshots .cache/train/heads/snapshots .cache/train/round4_work/snapshots \
+        --snapshots .cache/train/heads/snapshots .cache/train/round4_work/snapshots .cache/train/round5_work/snapshots \
         --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
     concurrency)
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
