@@ -21,7 +21,7 @@ inclusively, so a row contains the rows indented under it:
         KV compaction   ops.kv_compact
         drafter commit  the drafter's commit (EAGLE: the accepted features)
 
-Two passes per method, after one untimed request:
+Two passes per method, after the same requests once untimed:
 - `host`: wall time around each phase as the engine runs. On a GPU most phases only
   launch work, so this is their host cost; the device work is paid at verify's sync.
 - `synced`: the same with `torch.cuda.synchronize()` before and after each phase, so that
@@ -87,9 +87,21 @@ class PhaseTimer:
         self.cuda = device.type == "cuda"
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self.calls: dict[str, int] = collections.defaultdict(int)
+        self._originals: list[tuple[object, str, Callable]] = []
         for label, _, owners, name in PHASES:
             for owner in owners if isinstance(owners, tuple) else (owners,):
-                setattr(owner, name, self._wrap(label, getattr(owner, name)))
+                original = getattr(owner, name)
+                self._originals.append((owner, name, original))
+                setattr(owner, name, self._wrap(label, original))
+
+    def __enter__(self) -> "PhaseTimer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Puts every wrapped phase back as it was."""
+        for owner, name, original in reversed(self._originals):
+            setattr(owner, name, original)
+        self._originals.clear()
 
     def _wrap(self, label: str, fn: Callable) -> Callable:
         def timed(*args, **kwargs):
@@ -139,7 +151,9 @@ def run_requests(engine: Engine, method: str, prompts: list[list[int]], args: ar
 
 def profile_method(engine: Engine, timer: PhaseTimer, method: str, prompts: list[list[int]],
                    args: argparse.Namespace) -> dict:
-    run_requests(engine, method, prompts[:1], args, "warm")
+    # Every prompt once untimed: with --cuda-graphs each new key length captures a graph
+    # bucket the first time, which would otherwise land in the first timed pass.
+    run_requests(engine, method, prompts, args, "warm")
     out: dict = {}
     for pass_name, synced in (("host", False), ("synced", True)):
         timer.reset(synced)
@@ -224,15 +238,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     texts = texts[: args.num_requests]
     prompts = [encode_question(tokenizer, t, "auto") for t in texts]
     engine = build_engine(args, methods, max(len(x) for x in prompts) + args.output_tokens)
-    timer = PhaseTimer(torch.device(args.device))
     config = {k: portable(v) for k, v in vars(args).items() if k not in ("report_json", "markdown")}
     report = dict(tool="tools/bench/profile_step.py", command=portable(" ".join(sys.argv)),
                   machine=machine_info(args.device), config=config,
                   load_note=portable(getattr(engine.policy, "calibration_note", "")), methods={})
-    for m in methods:
-        report["methods"][m] = profile_method(engine, timer, m, prompts, args)
-        print(f"{m}: {report['methods'][m]['host']['tokens_per_second']:.1f} tok/s, τ {report['methods'][m]['tau']:.2f}",
-              flush=True)
+    with PhaseTimer(torch.device(args.device)) as timer:
+        for m in methods:
+            report["methods"][m] = profile_method(engine, timer, m, prompts, args)
+            print(f"{m}: {report['methods'][m]['host']['tokens_per_second']:.1f} tok/s, "
+                  f"τ {report['methods'][m]['tau']:.2f}", flush=True)
     text = markdown(report)
     print(text)
     for m in methods:
