@@ -156,6 +156,42 @@ def test_a_later_rounds_conversations_start_at_first(tmp_path, capsys, monkeypat
     assert f"1 conversations already in {out}; 3 to write" in capsys.readouterr().out
 
 
+def test_the_feature_cache_reuses_rows_by_content_wherever_the_conversations_moved(tmp_path, capsys):
+    """New conversations sorted in between the cached ones, and some cached ones dropped:
+    the rows of every conversation still present are copied from the cache (found by
+    content, not position) and only the new ones are computed; each conversation's rows
+    then match a cache computed from nothing. A cache without digests computes all."""
+    import numpy as np
+    import features
+    rng = random.Random(5)
+    convs = [[1] + [rng.randrange(300, 2000) for _ in range(rng.randrange(8, 40))] for _ in range(25)]
+    old, new = convs[:20], convs[20:]
+    base = model_family() / "base"
+    cache, fresh = tmp_path / "cache", tmp_path / "fresh"
+    first = features.build_features(old, [3] * len(old), base, cache)
+    first_rows = {tuple(c): np.array(first.hidden[first.conversation(i)]) for i, c in enumerate(old)}
+    moved = new[:2] + old[5:] + new[2:]  # old[:5] dropped, two new ones first
+    capsys.readouterr()
+    second = features.build_features(moved, [3] * len(moved), base, cache)
+    out = capsys.readouterr().out
+    assert "reusing the rows of 15 of 20 conversations from the cache of 20" in out
+    assert "features: 20/20 conversations" in out and "features: 15/20" not in out  # the 5 new ones only
+    reference = features.build_features(moved, [3] * len(moved), base, fresh)
+    for i, c in enumerate(moved):
+        rows = np.asarray(second.hidden[second.conversation(i)], dtype=np.float32)
+        if tuple(c) in first_rows:
+            assert np.array_equal(rows, first_rows[tuple(c)])  # copied, not computed
+        expected = np.asarray(reference.hidden[reference.conversation(i)], dtype=np.float32)
+        assert np.allclose(rows, expected, atol=0.05, rtol=0.02), i  # the same conversation's features
+        assert np.allclose(second.aux[second.conversation(i)].astype(np.float32),
+                           reference.aux[reference.conversation(i)].astype(np.float32), atol=0.05, rtol=0.02)
+    (cache / "digests.npy").unlink()  # as a cache written before digests were kept
+    capsys.readouterr()
+    features.build_features(old, [3] * len(old), base, cache)
+    out = capsys.readouterr().out
+    assert "reusing" not in out and "features: 20/20 conversations" in out
+
+
 def test_a_later_round_extends_the_feature_cache_and_goes_on_from_the_earlier_heads(run, capsys):
     """Round n + 1 appends conversations after round n's: the cached features of the old
     ones are kept (not recomputed), training starts from round n's heads (their holdout

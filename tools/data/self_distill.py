@@ -17,8 +17,9 @@ conversation `i` has its own seed (`--seed` + i) and kind (every `--code-every`-
 the conversations it already holds (resumable, e.g. `nohup ... &`). A later round's
 conversations (`--first N`) go to a file of their own, so that the earlier rounds'
 file stays what their heads saw. Training orders conversations by index, and these
-indexes lie below the local sources' (1,000,000 and up), so adding them does not
-extend the feature cache: `tools/train/features.py` computes it again. Never reads the
+indexes lie below the local sources' (1,000,000 and up): `tools/train/features.py` then
+copies the cached rows of every earlier conversation (found by content) and computes
+only the new ones. Never reads the
 EAGLE question sets; `tools/data/overlap.py` checks the result against them.
 
     python tools/data/self_distill.py --model .cache/models/smollm2-135m-instruct \

@@ -15,6 +15,9 @@ conversation i starts and `prompt_lens[i]` how many of its tokens are the prompt
 A rerun with the same conversations, target and batch layout reuses the cache; one with
 more conversations appended after the cached ones keeps their rows and computes the rest
 (a later training round), and the earlier round's conversations alone still read theirs.
+Any other set of conversations (new ones sorted in between, some dropped) copies the rows
+of every conversation the cache holds, found by its content (`digests.npy`: one digest of
+target and tokens per conversation), and computes only the others.
 """
 from __future__ import annotations
 
@@ -73,6 +76,59 @@ def _key(conversations: list[list[int]], target_digest) -> str:
         digest.update(np.asarray(ids, dtype=np.int32).tobytes())
         digest.update(b"|")
     return digest.hexdigest()
+
+
+def _digests(conversations: list[list[int]], target_digest) -> np.ndarray:
+    """[C] bytes: one digest per conversation of the target's weights and its tokens."""
+    out = np.zeros(len(conversations), dtype="S16")
+    for c, ids in enumerate(conversations):
+        digest = target_digest.copy()
+        digest.update(np.asarray(ids, dtype=np.int32).tobytes())
+        out[c] = digest.digest()[:16]
+    return out
+
+
+def _reuse_by_content(cache_dir: Path, meta: dict, digests: np.ndarray, offsets: np.ndarray, H: int,
+                      log=print) -> np.ndarray | None:
+    """Writes a new cache for `digests`' conversations (rows at `offsets`) with the rows of
+    every one the old cache computed, found by digest; returns which were found (done),
+    or None where the old cache cannot say (no digests: it predates them, or is empty)."""
+    index = [cache_dir / name for name in ("digests.npy", "lengths.npy", "done.npy")]
+    if not (all(path.is_file() for path in index) and meta.get("tokens")):
+        return None
+    old_digests, lengths, old_done = (np.load(path) for path in index)
+    if not len(old_digests) == len(lengths) == len(old_done) == meta.get("conversations"):
+        return None
+    old_offsets = np.zeros(len(old_digests) + 1, dtype=np.int64)
+    old_offsets[1:] = lengths.cumsum()
+    where = {d: c for c, d in enumerate(old_digests.tolist()) if old_done[c]}
+    found = np.array([d in where for d in digests.tolist()], dtype=bool)
+    if not found.any():
+        return None
+    N = int(offsets[-1])
+    for name, width in (("hidden", H), ("aux", 3 * H)):
+        old = np.load(cache_dir / f"{name}.npy", mmap_mode="r")
+        new = np.lib.format.open_memmap(cache_dir / f"{name}.reuse.npy", mode="w+", dtype=np.float16,
+                                        shape=(N, width))
+        for c in np.flatnonzero(found):
+            o = where[digests[c]]
+            new[offsets[c]: offsets[c + 1]] = old[old_offsets[o]: old_offsets[o + 1]]
+        new.flush()
+        del new, old
+    # The old index goes first: a run stopped between the two renames finds no index and
+    # computes everything, never reads rows by an index that no longer describes them.
+    for path in (cache_dir / "meta.json", *index):
+        path.unlink()
+    for name in ("hidden", "aux"):
+        (cache_dir / f"{name}.reuse.npy").replace(cache_dir / f"{name}.npy")
+    log(f"features: reusing the rows of {int(found.sum())} of {len(digests)} conversations from the cache "
+        f"of {len(old_digests)}")
+    return found
+
+
+def _write_index(cache_dir: Path, digests: np.ndarray, offsets: np.ndarray) -> None:
+    np.save(cache_dir / "digests.npy", digests)
+    np.save(cache_dir / "lengths.npy", np.diff(offsets))
 
 
 def _extends(meta: dict, conversations: list[list[int]], target_digest) -> bool:
@@ -140,6 +196,7 @@ def build_features(conversations: list[list[int]], prompt_lens: list[int], base_
         aux = np.load(cache_dir / "aux.npy", mmap_mode="r")[:N]
         log(f"features: the first {len(conversations)} conversations of a later round's cache")
         return FeatureSet(ids_all, hidden, aux, offsets, prompt_lens)
+    digests = _digests(conversations, target_digest)
     if mode == "w+" and _extends(meta, conversations, target_digest):
         log(f"features: extending the cache of {meta['conversations']} conversations to {len(conversations)}")
         _grow(cache_dir, int(meta["tokens"]), N, H)
@@ -151,12 +208,24 @@ def build_features(conversations: list[list[int]], prompt_lens: list[int], base_
         earlier = meta.get("earlier", []) + [{k: meta[k] for k in ("key", "tokens", "conversations")}]
         meta_path.write_text(json.dumps({"key": key, "tokens": N, "conversations": len(conversations),
                                          "earlier": earlier}) + "\n")
+        _write_index(cache_dir, digests, offsets)
         mode = "r+"
+    if mode == "w+":
+        found = _reuse_by_content(cache_dir, meta, digests, offsets, H, log)
+        if found is not None:
+            np.save(done_path, found)
+            meta_path.write_text(json.dumps({"key": key, "tokens": N, "conversations": len(conversations)}) + "\n")
+            _write_index(cache_dir, digests, offsets)
+            mode = "r+"
     hidden = np.lib.format.open_memmap(cache_dir / "hidden.npy", mode=mode, dtype=np.float16, shape=(N, H))
     aux = np.lib.format.open_memmap(cache_dir / "aux.npy", mode=mode, dtype=np.float16, shape=(N, 3 * H))
     done = np.load(done_path) if mode == "r+" and done_path.is_file() else np.zeros(len(conversations), dtype=bool)
     if mode == "w+":
+        np.save(done_path, done)  # before the new meta: an old cache's flags must not pass for this one's
         meta_path.write_text(json.dumps({"key": key, "tokens": N, "conversations": len(conversations)}) + "\n")
+        _write_index(cache_dir, digests, offsets)
+    elif not (cache_dir / "digests.npy").is_file():  # a cache from before the digests: give it them
+        _write_index(cache_dir, digests, offsets)
     order = sorted((i for i in range(len(conversations)) if not done[i]), key=lambda i: len(conversations[i]))
     t0, computed = time.time(), 0
     while order:

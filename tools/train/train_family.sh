@@ -16,8 +16,10 @@
 # - round 5 (the shipped EAGLE heads): on from round 4's, 0.6 epochs with 2,320 more
 #   self-distilled conversations (indexes 1,488-3,907 but for 100 of the last; committed
 #   as their own xz, 0.7 MB).
-#   Their indexes sort before the local sources', so the whole feature cache is computed
-#   again (35 minutes), then 856 steps (25 minutes).
+#   Their indexes sort before the local sources'; the feature cache was then reused only
+#   as a prefix, so all of it was computed again (35 minutes; features.py now copies the
+#   rows it has by content and computes only the new conversations), then 856 steps
+#   (25 minutes).
 # The shipped draft model is from an earlier, smaller round (its training.json says what
 # it saw); this script retrains it on the current data.
 set -euo pipefail
