@@ -145,3 +145,9 @@ def test_reports_carry_no_machine_paths():
     note = f"weights {root}/.cache/smollm2/base; saved to {Path.home()}/.cache/specdec/calibration-0.json"
     assert bench.portable(note) == "weights ./.cache/smollm2/base; saved to ~/.cache/specdec/calibration-0.json"
     assert bench.portable(root.parent / "shared" / "data") == "../shared/data"
+    # and what is committed says so: no report or log names this checkout, its folder or home
+    machine = [m for m in (str(root) + "/", str(root.parent) + "/", str(Path.home()) + "/", "/root/")
+               if m.strip("/")]  # a checkout or home at / would match every URL's "//"
+    leaks = [f.name for f in (root / "docs" / "bench").iterdir()
+             if f.suffix in (".json", ".md", ".txt", ".log") and any(m in f.read_text() for m in machine)]
+    assert leaks == []
