@@ -84,6 +84,9 @@ HF_ENTRIES = ("hf", "hf-assisted", "hf-prompt-lookup")
 ENTRIES = METHODS + HF_ENTRIES
 DRAFTER_DIRS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa",
                 "draft_model": "draft", "hf-assisted": "draft"}
+# the EngineConfig parameter that loads each method's drafter
+DRAFTER_CONFIG_KEYS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir", "medusa": "medusa_dir",
+                       "draft_model": "draft_model_dir"}
 PROMPT_LOOKUP_TOKENS = 10
 RULE = "=" * 64
 
@@ -354,14 +357,14 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
     return entries
 
 
+def drafter_dirs(family: Path, methods) -> dict[str, str]:
+    """EngineConfig's drafter folders for `methods`: {config parameter: folder in `family`}."""
+    return {DRAFTER_CONFIG_KEYS[m]: str(Path(family) / DRAFTER_DIRS[m]) for m in methods if m in DRAFTER_CONFIG_KEYS}
+
+
 def build_engine(args: argparse.Namespace, entries: list[str], reqs: list[BenchRequest]) -> Engine:
     family = Path(args.family)
-    dirs = {}
-    for e in entries:
-        if e in METHODS and e in DRAFTER_DIRS:
-            key = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir", "medusa": "medusa_dir",
-                   "draft_model": "draft_model_dir"}[e]
-            dirs[key] = str(family / DRAFTER_DIRS[e])
+    dirs = drafter_dirs(family, entries)
     longest = max(len(r.input_ids) + r.output_tokens for r in reqs)
     # Spare positions past the longest request, so that its last steps still get full trees.
     spec_methods = [e for e in entries if e in ("eagle2", "eagle3")]

@@ -52,15 +52,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
-from bench import BenchError, _validate_that, encode_question, portable  # noqa: E402
+from bench import BenchError, _validate_that, drafter_dirs, encode_question, portable  # noqa: E402
 from dataset_converter import DatasetError, first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 
 HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 DEFAULT_CONFIGS = "plain,eagle2,eagle2-fixed"
 FIXABLE = ("eagle2", "eagle3")  # methods whose tree size a request can pin
-DRAFTER_DIRS = {"eagle": ("eagle_dir", "eagle"), "eagle2": ("eagle_dir", "eagle"), "eagle3": ("eagle3_dir", "eagle3"),
-                "medusa": ("medusa_dir", "medusa"), "draft_model": ("draft_model_dir", "draft")}
 
 
 @dataclass(frozen=True)
@@ -431,11 +429,7 @@ def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: l
     from specdec.engine import Engine
     from specdec.errors import ConfigError
 
-    drafters = {}
-    for c in configs:
-        if c.method in DRAFTER_DIRS:
-            key, name = DRAFTER_DIRS[c.method]
-            drafters[key] = str(args.family / name)
+    drafters = drafter_dirs(args.family, [c.method for c in configs])
     method = next((c.method for c in configs if c.method in FIXABLE), "none")
     longest = max(len(p) for p in prompts)
     room = 128  # KV positions past the output for the last step's tree (and the policy's calibration)

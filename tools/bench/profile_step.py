@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench import DRAFTER_DIRS, encode_question, machine_info, portable  # noqa: E402
+from bench import drafter_dirs, encode_question, machine_info, portable  # noqa: E402
 from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 from specdec import engine as engine_module  # noqa: E402
@@ -74,8 +74,6 @@ PHASES = [
     ("KV compaction", 2, engine_module, "kv_compact"),
     ("drafter commit", 2, (EagleDrafter, MedusaDrafter, DraftModelDrafter), "commit"),
 ]
-CONFIG_KEYS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir", "medusa": "medusa_dir",
-               "draft_model": "draft_model_dir"}
 
 
 class PhaseTimer:
@@ -127,12 +125,11 @@ class PhaseTimer:
 
 
 def build_engine(args: argparse.Namespace, methods: list[str], longest: int) -> Engine:
-    dirs = {CONFIG_KEYS[m]: str(args.family / DRAFTER_DIRS[m]) for m in methods if m in CONFIG_KEYS}
     return Engine(EngineConfig(
         base_model_dir=str(args.family / "base"), device=args.device, dtype=args.dtype, max_batch_size=1,
         max_seq_len=longest + MAX_TREE, max_tokens_limit=max(64, args.output_tokens), max_queue_size=8,
         eagle_total_tokens=args.eagle_total_tokens, adaptive_speculation=False,
-        cuda_graph_mode=args.cuda_graphs, **dirs))
+        cuda_graph_mode=args.cuda_graphs, **drafter_dirs(args.family, methods)))
 
 
 def run_requests(engine: Engine, method: str, prompts: list[list[int]], args: argparse.Namespace,
@@ -167,7 +164,9 @@ def profile_method(engine: Engine, timer: PhaseTimer, method: str, prompts: list
             **totals, decode_steps=steps, tokens_per_second=totals["tokens"] / totals["seconds"],
             ms_per_step={label: 1e3 * timer.seconds.get(label, 0.0) / steps for label, *_ in PHASES},
             calls_per_step={label: timer.calls.get(label, 0) / steps for label, *_ in PHASES})
-    # τ: tokens per target forward, prefill's first token not counted (as bench.py reports it)
+    # τ: tokens delivered per target forward, the prefill's first token not counted (bench.py
+    # counts what each forward emitted, also tokens cut at max_tokens: a little higher on
+    # short outputs)
     host = out["host"]
     out["tau"] = (host["tokens"] - len(prompts)) / max(1, host["target_forwards"])
     if args.torch_profile:
