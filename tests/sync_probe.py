@@ -26,12 +26,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select"}
 
 
-def _site(scope: str) -> str | None:
+def _site(scope: str, staged_ok: bool = True) -> str | None:
     """`file.py:line` of the innermost frame under `scope` (a folder), or None when the
-    call came through transfer.py (not blocking) or from outside the scope."""
+    call came from outside the scope or (`staged_ok`) through transfer.py (not blocking)."""
     stack = [(f.filename.replace("\\", "/"), f.lineno) for f in traceback.extract_stack()]
     frames = [(name, line) for name, line in stack if scope in name]
-    if not frames or any(name.endswith("/specdec/transfer.py") for name, _ in stack):
+    if not frames or (staged_ok and any(name.endswith("/specdec/transfer.py") for name, _ in stack)):
         return None
     name, line = frames[-1]
     return f"{name.split(scope)[-1]}:{line}"
@@ -40,9 +40,13 @@ def _site(scope: str) -> str | None:
 class SyncProbe(TorchDispatchMode):
     active: "SyncProbe | None" = None  # the probe inside whose block we are
 
-    def __init__(self, scope: str = "/backend_src/specdec/"):
+    def __init__(self, scope: str = "/backend_src/specdec/", staged_ok: bool = True):
+        """`staged_ok=False`: copies staged through transfer.py count as blocking too (inside
+        a CUDA graph no host-to-device copy may run: the graph would replay the copy of
+        a staging buffer that is long gone)."""
         super().__init__()
         self.scope = scope
+        self.staged_ok = staged_ok
         self.syncs: collections.Counter = collections.Counter()  # site -> count
         self.blocking: collections.Counter = collections.Counter()  # site -> count
         self._saved: dict = {}
@@ -60,7 +64,7 @@ class SyncProbe(TorchDispatchMode):
     def _record(self, counter: collections.Counter) -> None:
         if self._paused:
             return
-        site = _site(self.scope)
+        site = _site(self.scope, self.staged_ok)
         if site is not None:
             counter[site] += 1
 

@@ -133,7 +133,8 @@ def test_graphed_engine_generates_and_drafts_what_eager_does():
     assert any(k.batch == 4 for k in engine.graphs.graphs), "no step padded to a bucket"
     for method in ("eagle2", "eagle3"):
         keys = engine.drafters[method].graphs.graphs
-        assert any(k.width > 1 and k.features for k in keys), f"{method}: no graphed head forward"
+        assert any(k.width > 1 and k.features for k in keys), f"{method}: no graphed catch-up"
+        assert engine.drafters[method].loop_graphs.keys, f"{method}: no graphed drafting loop"
     assert any(k.width == 1 for k in engine.drafters["draft_model"].graphs.graphs), "draft model chain not graphed"
     assert "emulated on CPU" in engine.load_note
 
@@ -158,6 +159,9 @@ def test_captured_graphs_decode_like_eager_on_gpu():
     for graphs in components:
         assert not graphs.disabled, f"{graphs.name}: a capture failed (see the warning in the log)"
         assert graphs.graphs and all(g.graph is not None for g in graphs.graphs.values()), graphs.name
+    for loop in (engine.drafters[m].loop_graphs for m in ("eagle2", "eagle3")):
+        assert not loop.disabled and loop.keys, f"{loop.name}: a capture failed (see the warning in the log)"
+        assert all(entry[2] is not None for entry in loop.keys.values()), loop.name
 
 
 def test_long_forwards_of_a_power_of_two_width_run_eagerly():
@@ -171,3 +175,67 @@ def test_long_forwards_of_a_power_of_two_width_run_eagerly():
     assert run_batch(engine, reqs()) == run_batch(make_engine(dtype="float64", max_batch_size=12), reqs())
     for graphs in (engine.drafters[m].graphs for m in ("eagle2", "eagle3", "draft_model")):
         assert graphs.graphs and max(k.width for k in graphs.graphs) <= graphs.max_width
+
+
+def test_static_attention_batch_sees_what_build_sees():
+    """`AttentionBatch.build_static` (a graph's fixed key length, nothing read on the
+    host) gives every real row `build`'s mask and write positions, padded with hidden
+    keys; a padding row (prefix at the spare positions) sees every key and writes past."""
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(40):
+        B, T = int(torch.randint(1, 5, (1,), generator=gen)), int(torch.randint(1, 9, (1,), generator=gen))
+        offset = int(torch.randint(0, 20, (1,), generator=gen))
+        W = offset + T
+        prefix = torch.randint(0, 60, (B,), generator=gen)
+        local = torch.rand(B, T, W, generator=gen) < 0.5
+        keys = int(prefix.max()) + W + int(torch.randint(0, 30, (1,), generator=gen))
+        built = AttentionBatch.build(torch.arange(B), prefix, local, write_offset=offset)
+        static = AttentionBatch.build_static(torch.arange(B), prefix, local, offset, keys)
+        assert static.static and static.key_len == keys and torch.equal(static.write_pos, built.write_pos)
+        assert torch.equal(static.mask[..., : built.key_len], built.mask), trial
+        assert not static.mask[..., built.key_len:].any(), trial
+    pad = AttentionBatch.build_static(torch.zeros(1, dtype=torch.long), torch.tensor([700]), local[:1], offset, 64)
+    assert pad.mask.all() and int(pad.write_pos.min()) == 700 + offset
+
+
+def _fake_states(slots: list[int], head_lens: list[int]) -> list:
+    from types import SimpleNamespace
+    from specdec.drafters.eagle import EagleState
+    return [SimpleNamespace(slot=s, draft=EagleState(head_len=h)) for s, h in zip(slots, head_lens)]
+
+
+@pytest.mark.parametrize("method", ["eagle2", "eagle3"])
+def test_graphed_drafting_loop_equals_eager_and_its_padding_writes_only_spare_positions(method):
+    """The EAGLE-2/3 drafting loop as `loop_graphs` runs it (rows padded to the batch
+    bucket, one key length for every depth, `build_static` masks) proposes the eager
+    loop's trees, requests keeping different tree sizes, and leaves the head's KV cache
+    as the eager loop does everywhere but the spare positions of row 0's slot, where
+    the padding rows grew their dropped trees."""
+    from specdec.drafters.base import TreeSettings
+    engine = make_engine(dtype="float64", max_batch_size=8, cuda_graph_mode=True, cuda_graph_max_batch_size=8)
+    drafter = engine.drafters[method]
+    gen = torch.Generator().manual_seed(11)
+    drafter.cache.kv.copy_(torch.randn(drafter.cache.kv.shape, generator=gen, dtype=torch.float64))
+    H = engine.target.shape.hidden_size
+    for slots, head_lens, sizes in [([5], [40], [16]), ([1, 2, 6], [3, 120, 77], [16, 5, 9]),
+                                    ([0, 3, 4, 7, 2], [260, 9, 31, 64, 128], [8, 16, 2, 16, 12])]:
+        states = _fake_states(slots, head_lens)
+        settings = [TreeSettings(method=method, depth=5, top_k=4, total_tokens=n) for n in sizes]
+        last = torch.randn(len(slots), H, generator=gen, dtype=torch.float64)
+        before = drafter.cache.kv.clone()
+        with torch.inference_mode():
+            graphed = drafter._dynamic(states, last, settings)
+            after_graphed = drafter.cache.kv.clone()
+            drafter.cache.kv.copy_(before)
+            loop_graphs, drafter.loop_graphs = drafter.loop_graphs, None
+            eager = drafter._dynamic(states, last, settings)
+            drafter.loop_graphs = loop_graphs
+        for g, e, n in zip(graphed, eager, sizes):
+            assert g.num_nodes == n and torch.equal(g.tokens, e.tokens) and torch.equal(g.parents, e.parents)
+        spare = drafter._spare_start
+        torch.testing.assert_close(after_graphed[..., :spare, :], drafter.cache.kv[..., :spare, :],
+                                   rtol=1e-12, atol=1e-12)
+        changed = (after_graphed[..., spare:, :] != drafter.cache.kv[..., spare:, :]).flatten(2).any(-1)  # [L, 2, S]
+        assert set(torch.nonzero(changed.any(0).any(0)).flatten().tolist()) <= {slots[0]}
+        rows = max(k[0] for k in loop_graphs.keys)
+        assert rows == batch_bucket(len(slots)) and (rows > len(slots)) == changed.any()

@@ -115,6 +115,34 @@ def test_every_graphed_forward_is_capturable():
             assert not probe.syncs and not probe.blocking, (name, key, dict(probe.syncs), dict(probe.blocking))
 
 
+def test_the_graphed_drafting_loop_is_capturable():
+    """EAGLE-2/3's whole drafting loop (`CapturedCalls`, graphs.py) reads nothing back and
+    copies nothing from the host, not even through transfer.py, in every call that
+    serving greedy and sampled requests of both methods made (batches padded to a bucket
+    among them)."""
+    prompts = code_prompts(4, max_tokens=48)
+    engine = make_engine(dtype="float32", max_batch_size=8, cuda_graph_mode=True, cuda_graph_max_batch_size=4)
+    calls = []
+    for method in ("eagle2", "eagle3"):
+        loop = engine.drafters[method].loop_graphs
+        function = loop._function
+
+        def probed(key, _function=function, _method=method, **inputs):
+            with SyncProbe(staged_ok=False) as probe:
+                out = _function(key, **inputs)
+            calls.append((_method, key, dict(probe.syncs), dict(probe.blocking)))
+            return out
+        loop._function = probed
+    reqs = [request(p, 24, m, rid=str(i), **kw) for i, (p, m, kw) in enumerate(zip(
+        prompts, ["eagle2", "eagle3", "eagle2", "eagle3"], [{}, {}, dict(temperature=0.8, seed=1), {}]))]
+    for r in reqs:
+        engine.submit(r, lambda out: None)
+    for _ in range(6):
+        engine.step()
+    assert {c[0] for c in calls} == {"eagle2", "eagle3"} and any(c[1][0] > 1 for c in calls), calls
+    assert all(not syncs and not blocking for _, _, syncs, blocking in calls), calls
+
+
 def test_the_probe_sees_what_it_must():
     """Negative controls: each kind of stall the probe exists to find is found, and
     transfers staged through transfer.py are not."""
@@ -128,6 +156,9 @@ def test_the_probe_sees_what_it_must():
         to_device([1, 2], x.device)  # staged: not blocking
         x.to(torch.float32)  # no device named: not a copy across devices
     assert sum(probe.syncs.values()) == 3 and sum(probe.blocking.values()) == 2, (probe.syncs, probe.blocking)
+    with SyncProbe(scope="/tests/", staged_ok=False) as strict:
+        to_device([1, 2], x.device)  # staged, but still a copy from the host
+    assert sum(strict.blocking.values()) == 1, strict.blocking
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch's sync debug mode)")

@@ -39,6 +39,21 @@ def test_phases_nest_and_the_engine_is_restored(tmp_path):
             assert calls["draft"] == 1 and r["tau"] >= 1.0
         if method in ("eagle2", "eagle3"):
             assert calls["head"] >= 1 and ms["head"] <= ms["draft"]
+            assert calls["catch-up"] == 1 and ms["catch-up"] <= ms["draft"]
         else:
-            assert calls["head"] == 0
+            assert calls["head"] == calls["catch-up"] == 0
+        assert calls["drafting loop"] == 0  # eager: no CUDA graphs asked for
     assert "| decode step |" in (tmp_path / "profile.md").read_text()
+
+
+def test_with_graphs_the_eagle_drafting_loop_is_one_call_a_step(tmp_path):
+    """--cuda-graphs (emulated on CPU): each EAGLE-2/3 step drafts through one call of the
+    graphed loop, after one catch-up; plain decoding makes none."""
+    out = tmp_path / "profile.json"
+    assert profile_step.main(["--family", str(FAMILY), "--device", "cpu", "--dtype", "float32", "--cuda-graphs",
+                              "--methods", "none,eagle2,eagle3", "--num-requests", "1", "--output-tokens", "8",
+                              "--report-json", str(out), "--markdown", str(tmp_path / "profile.md")]) == 0
+    for method, r in json.loads(out.read_text())["methods"].items():
+        calls = r["host"]["calls_per_step"]
+        expected = 0 if method == "none" else 1
+        assert calls["drafting loop"] == calls["catch-up"] == expected, (method, calls)

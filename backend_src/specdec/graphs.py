@@ -98,14 +98,16 @@ class DecodeGraphs:
     capture fails, the warning is logged once, graphs turn off for this forward
     (`fits` says no from then on) and it runs eagerly: serving goes on."""
 
-    def __init__(self, forward: Forward, cache: KVCache, max_batch: int, spare_start: int, name: str = "target"):
+    def __init__(self, forward: Forward, cache: KVCache, max_batch: int, spare_start: int, name: str = "target",
+                 max_width: Optional[int] = None):
         self._forward = forward
         self.name = name  # for the log
         self.disabled = False
         self.cache = cache
         self.max_batch = min(max_batch, cache.num_slots)  # buckets never exceed the slots (gather buffer)
         self.spare_start = spare_start  # first slot position no request ever uses
-        self.max_width = cache.max_len - spare_start  # padding rows write a forward's width of spare positions
+        # Padding rows write a forward's width of spare positions: the widest graphed forward.
+        self.max_width = min(max_width or cache.max_len, cache.max_len - spare_start)
         assert self.max_width >= 1, (cache.max_len, spare_start)
         self.capture = cache.kv.device.type == "cuda"
         self.graphs: dict[GraphKey, _Graph] = {}
@@ -232,3 +234,59 @@ class DecodeGraphs:
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self._pool):
             g.out, g.aux = self._run(g)
+
+
+class CapturedCalls:
+    """One CUDA graph per key of a whole function of tensors (the EAGLE-2/3 drafting
+    loop: head forwards and the tree selection between them, ~300 kernels a step). The
+    key fixes every shape inside; the inputs are copied into the key's buffers, the
+    graph replays, and the outputs come back as fresh tensors. The function must read
+    nothing on the host and take everything that varies as an input tensor
+    (tests/test_host_syncs.py checks this on CPU).
+
+    The first call of a key warms up on a side stream with the real inputs, then
+    captures: every write the function makes (a drafter's scratch KV entries) is
+    made again, identically, by the replay that follows. On CPU the function simply
+    runs. When a capture fails, the warning is logged once, `disabled` turns on and the
+    call returns None: the caller runs its eager path from then on."""
+
+    def __init__(self, function: Callable[..., tuple[torch.Tensor, ...]], device: torch.device, name: str):
+        self._function = function  # function(key, **inputs) -> tuple of tensors
+        self.name = name
+        self.capture = device.type == "cuda"
+        self.disabled = False
+        self.keys: dict = {}  # key -> (static inputs, static outputs, graph); on CPU, key -> None
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+
+    def __call__(self, key, **inputs: torch.Tensor) -> Optional[tuple[torch.Tensor, ...]]:
+        if not self.capture:
+            self.keys.setdefault(key, None)
+            return self._function(key, **inputs)
+        entry = self.keys.get(key)
+        if entry is None:
+            try:
+                entry = self._new(key, inputs)
+            except Exception as e:  # the caller goes on eagerly
+                self.disabled = True
+                LOG.warning("CUDA graph capture of the %s for %s failed (%s: %s); it runs eagerly from now on",
+                            self.name, key, type(e).__name__, e)
+                return None
+            self.keys[key] = entry
+        else:
+            for name, value in inputs.items():
+                entry[0][name].copy_(value)
+        entry[2].replay()
+        return tuple(out.clone() for out in entry[1])
+
+    def _new(self, key, inputs: dict) -> tuple[dict, tuple, "torch.cuda.CUDAGraph"]:
+        static = {name: value.clone() for name, value in inputs.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._function(key, **static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._function(key, **static)
+        return static, tuple(outputs), graph

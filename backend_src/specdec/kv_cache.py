@@ -61,6 +61,26 @@ class AttentionBatch:
         return AttentionBatch(slots=slots, write_pos=window[:, write_offset:], mask=mask[:, None], key_len=key_len,
                               first_slot=first)
 
+    @staticmethod
+    def build_static(slots: torch.Tensor, prefix_len: torch.Tensor, local_mask: torch.Tensor, write_offset: int,
+                     key_len: int) -> "AttentionBatch":
+        """`build` for a forward inside a CUDA graph: the key length is fixed by the
+        caller (`max(prefix_len) + W <= key_len` for every real row) and nothing is read
+        on the host. A row whose prefix reaches `key_len` (a graph's padding row, whose
+        prefix is the slot's spare positions) sees every key and writes past them.
+
+            prefix_len [2], W 2, key_len 6, local row [1 1]  ->  mask [1 1 1 1 0 0]
+        """
+        B, T, W = local_mask.shape
+        assert W == write_offset + T, (W, write_offset, T)
+        device = local_mask.device
+        rel = torch.arange(key_len, device=device)[None] - prefix_len[:, None]  # [B, K] key s - prefix
+        in_window = (rel >= 0) & (rel < W)
+        local = local_mask.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(B, T, key_len))  # [B, T, K]
+        mask = (rel < 0)[:, None, :] | (in_window[:, None, :] & local)
+        write_pos = prefix_len[:, None] + write_offset + torch.arange(T, device=device)[None]  # [B, T]
+        return AttentionBatch(slots=slots, write_pos=write_pos, mask=mask[:, None], key_len=key_len, static=True)
+
 
 class KVCache:
     """The static cache of one model (target or drafter)."""

@@ -12,7 +12,11 @@ inclusively, so a row contains the rows indented under it:
     decode step         Engine._decode: one speculative step
       plan              SpeculationPolicy.plan
       draft             the drafter's propose (EAGLE: catch-up, then one head forward a depth)
-        head            EagleDrafter._head, one head forward (graphed with --cuda-graphs)
+        catch-up        EagleDrafter._catch_up: the head over the accepted pairs
+        head            EagleDrafter._head, one head forward: every catch-up and, eager,
+                        each depth (graphed with --cuda-graphs)
+        drafting loop   CapturedCalls: EAGLE-2/3's depths and the selection between them as
+                        one CUDA graph (--cuda-graphs only)
       verify            Engine._verify, which ends with the step's one host sync
         build tree      ops.tree_mask.build_tree
         target forward  Engine.target_step (graphed with --cuda-graphs)
@@ -56,6 +60,7 @@ from specdec.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from specdec.drafters.eagle import EagleDrafter  # noqa: E402
 from specdec.drafters.medusa import MedusaDrafter  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
+from specdec.graphs import CapturedCalls  # noqa: E402
 from specdec.models.llama import LlamaModel  # noqa: E402
 from specdec.policy import MAX_TREE, SpeculationPolicy  # noqa: E402
 from specdec.request import GenerationRequest, SamplingParams, SpecParams  # noqa: E402
@@ -65,7 +70,9 @@ PHASES = [
     ("decode step", 0, Engine, "_decode"),
     ("plan", 1, SpeculationPolicy, "plan"),
     ("draft", 1, (EagleDrafter, MedusaDrafter, DraftModelDrafter), "propose"),
+    ("catch-up", 2, EagleDrafter, "_catch_up"),
     ("head", 2, EagleDrafter, "_head"),
+    ("drafting loop", 2, CapturedCalls, "__call__"),
     ("verify", 1, Engine, "_verify"),
     ("build tree", 2, engine_module, "build_tree"),
     ("target forward", 2, Engine, "target_step"),

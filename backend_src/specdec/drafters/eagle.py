@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from ..graphs import DecodeGraphs
+from ..graphs import CapturedCalls, DecodeGraphs, batch_bucket, keys_bucket
 from ..kv_cache import AttentionBatch
 from ..models.eagle import EagleHead
 from ..models.eagle3 import Eagle3Head
@@ -59,7 +59,11 @@ class EagleDrafter:
         self.needs_aux = self.eagle3
         self._spare_start = max_seq_len + SCRATCH
         self._cache_len = self._spare_start + GRAPH_SPARE
-        self.graphs: Optional[DecodeGraphs] = None
+        # The head's KV cache has a whole scratch region of spare positions: a graphed
+        # drafting loop's padding rows grow their (dropped) trees there.
+        self._head_cache_len = self._spare_start + SCRATCH
+        self.graphs: Optional[DecodeGraphs] = None  # catch-ups and EAGLE-1's depths
+        self.loop_graphs: Optional[CapturedCalls] = None  # EAGLE-2/3's whole drafting loop
         self._graph_batch: Optional[int] = None  # set by use_graphs
         self.allocate(num_slots)
         self._plans: dict = {}  # static tree -> _StaticPlan
@@ -68,7 +72,7 @@ class EagleDrafter:
         """(Re)allocates the head's KV cache and the feature buffer for `num_slots`
         requests (at load)."""
         self.cache = self.feats = None
-        self.cache = self.head.new_cache(num_slots, self._cache_len)
+        self.cache = self.head.new_cache(num_slots, self._head_cache_len)
         width = self.target.shape.hidden_size * (3 if self.eagle3 else 1)
         # [slots, positions, F]: the target feature at each committed position (F = H, or 3H for EAGLE-3)
         self.feats = torch.zeros(num_slots, self._cache_len, width, dtype=self.cache.kv.dtype,
@@ -77,15 +81,19 @@ class EagleDrafter:
             self.use_graphs(self._graph_batch)
 
     def use_graphs(self, max_batch: int) -> None:
-        """Head forwards of up to `max_batch` requests run through CUDA graphs
-        (graphs.py): each depth of a dynamic tree (top_k tokens per request, when a
-        power of two) and catch-ups of up to BATCHED_CATCH_UP pairs (padded)."""
+        """Drafting for up to `max_batch` requests runs through CUDA graphs (graphs.py):
+        catch-ups of up to BATCHED_CATCH_UP pairs (padded) and EAGLE-1's depths as head
+        forwards, and EAGLE-2/3's whole loop after the catch-up (its head forwards and
+        the selection between them) as one graph per (batch, top_k, depth, tree size,
+        key length) bucket."""
         self._graph_batch = max_batch
         head, cache = self.head, self.cache
 
         def forward(ids, features, positions, batch, aux):
             return head(ids, features, positions, batch.mask, cache, batch), None
-        self.graphs = DecodeGraphs(forward, cache, max_batch, self._spare_start, name="EAGLE head")
+        self.graphs = DecodeGraphs(forward, cache, max_batch, self._spare_start, name="EAGLE head",
+                                   max_width=GRAPH_SPARE)
+        self.loop_graphs = CapturedCalls(self._grow_static, cache.kv.device, name="EAGLE drafting loop")
 
     @property
     def slot_bytes(self) -> int:
@@ -185,12 +193,64 @@ class EagleDrafter:
         return self._dynamic(states, last, settings)
 
     def _dynamic(self, states: list, last: torch.Tensor, settings: list[TreeSettings]) -> list[DraftTree]:
+        """EAGLE-2/3: the tree grown from the catch-up outputs `last` [B, H]; through one
+        CUDA graph per bucket when the drafting loop is graphed (`use_graphs`)."""
         device = last.device
         B, H = last.shape
         k, depth = settings[0].top_k, settings[0].depth
         host_slots = [s.slot for s in states]
-        slots, head_len = to_device([host_slots, [s.draft.head_len for s in states]], device)  # [B] each
-        max_head = max(s.draft.head_len for s in states)
+        host_head = [s.draft.head_len for s in states]
+        n_cand = k + (depth - 1) * k * k
+        ns = [min(st.total_tokens - 1, n_cand) for st in settings]  # draft nodes kept per request
+        n = max(ns)
+        trees = None
+        max_rows = min(self._graph_batch or 0, self.cache.num_slots)
+        if self.loop_graphs is not None and not self.loop_graphs.disabled and B <= max_rows:
+            # Padding rows up to the batch bucket: row 0's slot, a prefix at the spare
+            # positions (they write there and see every key), outputs dropped.
+            rows = min(batch_bucket(B), max_rows)
+            pad = rows - B
+            keys = keys_bucket(max(host_head) + (depth - 1) * k, self._spare_start)
+            slots, head_len, keep = to_device([host_slots + host_slots[:1] * pad,
+                                               host_head + [self._spare_start] * pad, ns + [n] * pad], device)
+            padded = torch.cat((last, last.new_zeros(pad, H))) if pad else last
+            trees = self.loop_graphs((rows, k, depth, n, keys), last=padded, slots=slots, head_len=head_len,
+                                     keep=keep)
+        if trees is None:
+            slots, head_len, keep = to_device([host_slots, host_head, ns], device)  # [B] each
+
+            def attention(local: torch.Tensor, region: int) -> AttentionBatch:
+                return AttentionBatch.build(slots, head_len, local, write_offset=region, host_slots=host_slots,
+                                            max_prefix=max(host_head))
+            trees = self._grow(last, head_len, keep, k, depth, n, attention, self._head)
+        tokens, parents = trees
+        return [DraftTree(tokens[b, : ns[b] + 1], parents[b, : ns[b] + 1]) for b in range(B)]
+
+    def _grow_static(self, key: tuple, last: torch.Tensor, slots: torch.Tensor, head_len: torch.Tensor,
+                     keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_grow` with every shape fixed by `key` = (rows, top_k, depth, kept nodes, key
+        length) and nothing read on the host: what `loop_graphs` captures."""
+        _, k, depth, n, keys = key
+
+        def attention(local: torch.Tensor, region: int) -> AttentionBatch:
+            return AttentionBatch.build_static(slots, head_len, local, region, keys)
+
+        def head(tokens, feats, positions, batch):
+            return self.head(tokens, feats, positions, batch.mask, self.cache, batch)
+        return self._grow(last, head_len, keep, k, depth, n, attention, head)
+
+    def _grow(self, last: torch.Tensor, head_len: torch.Tensor, keep: torch.Tensor, k: int, depth: int, n: int,
+              attention, head) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAGLE-2's dynamic tree. last [B, H]: the catch-up outputs; head_len, keep [B]:
+        each request's head KV length and how many draft nodes it keeps (<= n). One head
+        forward per depth over the `k` frontier nodes of highest cumulative
+        log-probability; then every candidate is reranked and each request keeps its
+        best `keep[b]`. `attention(local, region)` builds a depth's AttentionBatch (local
+        [B, k, region + k]: the scratch entries each frontier node sees); `head(tokens,
+        feats, positions, batch)` runs the head. Returns tokens and parents [B, n + 1],
+        node 0 the root; row b's nodes past keep[b] are padding."""
+        device = last.device
+        B, H = last.shape
         logp, d2t = self._log_probs(last, self.score_temperature)
         score, tok = logp.topk(k, dim=-1)  # [B, k] depth-1 candidates, best first
         tok = self._to_target(tok, d2t)
@@ -203,10 +263,8 @@ class EagleDrafter:
         for d in range(2, depth + 1):
             region = anc.shape[-1]
             local = torch.cat((anc, eye), dim=-1)  # [B, k, region + k]
-            batch = AttentionBatch.build(slots, head_len, local, write_offset=region, host_slots=host_slots,
-                                         max_prefix=max_head)
             positions = (head_len + d - 2)[:, None].expand(B, k)
-            out = self._head(front_tok, front_feat, positions, batch)  # [B, k, H]
+            out = head(front_tok, front_feat, positions, attention(local, region))  # [B, k, H]
             lp, ctok = self._log_probs(out, self.score_temperature)[0].topk(k, dim=-1)  # [B, k, k]
             ctok = self._to_target(ctok, d2t)
             scores = (front_score[:, :, None] + lp).flatten(1)  # [B, k*k]
@@ -228,15 +286,13 @@ class EagleDrafter:
         # A child's score never exceeds its parent's (log-probs <= 0); the depth term
         # breaks ties so a selected node's parent is always selected too.
         key = torch.cat(cand_score, dim=1).double() - 1e-6 * all_depth.double()
-        # Each request keeps its best ns[b] candidates, for the whole batch at once: the
-        # first ns[b] of the batch's top n are a row's own top ns[b]; the rest become
+        # Each request keeps its best keep[b] candidates, for the whole batch at once: the
+        # first keep[b] of the batch's top n are a row's own top keep[b]; the rest become
         # padding (index n_cand, sorted last). Sorted candidate indices are depth-major,
         # rank order within a parent, so every parent precedes its children.
-        ns = [min(st.total_tokens - 1, n_cand) for st in settings]
-        n = max(ns)
         top = key.topk(n, dim=-1).indices  # [B, n], best first
-        keep = torch.arange(n, device=device)[None] < to_device(ns, device)[:, None]  # [B, n]
-        sel = torch.where(keep, top, n_cand).sort(dim=-1).values  # [B, n]
+        kept = torch.arange(n, device=device)[None] < keep[:, None]  # [B, n]
+        sel = torch.where(kept, top, n_cand).sort(dim=-1).values  # [B, n]
         node_of = torch.zeros(B, n_cand + 1, dtype=torch.long, device=device)  # candidate -> tree node
         node_of.scatter_(1, sel, torch.arange(1, n + 1, device=device)[None].expand(B, n))
         node_of[:, n_cand].fill_(0)  # column n_cand: the root (a depth-1 candidate's parent) and padding
@@ -246,7 +302,7 @@ class EagleDrafter:
         # Node 0 is the root: the engine writes every request's root token itself.
         tokens = torch.cat((torch.zeros(B, 1, dtype=torch.long, device=device), all_tok.gather(1, cand)), dim=1)
         parents = torch.cat((torch.full((B, 1), -1, dtype=torch.long, device=device), parents), dim=1)
-        return [DraftTree(tokens[b, : ns[b] + 1], parents[b, : ns[b] + 1]) for b in range(B)]
+        return tokens, parents
 
     def _static(self, states: list, last: torch.Tensor, tree) -> list[DraftTree]:
         """EAGLE-1: node i at depth d takes the rank[i]-th best token after its parent."""

@@ -1,10 +1,11 @@
 """CuPy glue shared by the ops: finds `kernels/`, compiles each `.cu` once per device
-(`cupy.RawModule`, NVRTC), and launches on torch's current stream through DLPack views.
+(`cupy.RawModule`, NVRTC), and launches on torch's current stream with the tensors'
+device addresses.
 
 Owns nothing about what a kernel computes. Importing this module never fails: without
 CuPy, without a GPU, or when a kernel does not compile, `get_kernel` returns None (the
 compile error is logged once) and the ops run their torch twins. Only API common to
-cupy-cuda12x and cupy-cuda13x is used (RawModule, Device, ExternalStream, from_dlpack).
+cupy-cuda12x and cupy-cuda13x is used (RawModule, Device, ExternalStream).
 
 The sources are found in `$SPECDEC_KERNEL_DIR`, else in `kernels/` at the repository
 root (backend_src/specdec/ops -> ../../../kernels).
@@ -17,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy
 import torch
 
 try:
@@ -30,13 +32,10 @@ KERNEL_DIR_ENV = "SPECDEC_KERNEL_DIR"
 # No FMA contraction: verify_sampling compares products bit for bit with its twin.
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 
-# DLPack has no bool in older CuPy and CuPy has no bfloat16: the kernels take raw
-# storage for these, so they travel as same-size integer views (no copy).
-_DLPACK_VIEW = {torch.bool: torch.uint8, torch.bfloat16: torch.int16}
-
 _lock = threading.Lock()
 _kernels: dict[tuple[str, str, int], Any] = {}  # (file, name, device) -> RawKernel | None
 _modules: dict[tuple[str, int], Any] = {}  # (file, device) -> RawModule (compiled)
+_streams: dict[tuple[int, int], Any] = {}  # (device, torch stream pointer) -> cupy ExternalStream
 
 
 def kernel_dir() -> Path:
@@ -93,26 +92,31 @@ def require_kernel(filename: str, name: str, device: torch.device):
     return kernel
 
 
-def _as_cupy(t: torch.Tensor):
-    view = _DLPACK_VIEW.get(t.dtype)
-    return cupy.from_dlpack(t.view(view) if view is not None else t)
+def _external_stream(pointer: int, index: int):
+    """CuPy's wrapper of a torch stream, made once per (device, stream) and reused:
+    building it at every launch was part of a 150-575 us launch path (docs 3.1)."""
+    key = (index, pointer)
+    stream = _streams.get(key)
+    if stream is None:
+        try:
+            stream = cupy.cuda.ExternalStream(pointer, index)
+        except TypeError:  # CuPy versions whose ExternalStream takes only the pointer
+            stream = cupy.cuda.ExternalStream(pointer)
+        _streams[key] = stream
+    return stream
 
 
 def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any],
            device: torch.device) -> None:
-    """Launches `kernel` on torch's current stream of `device`. Tensor arguments pass as
-    zero-copy DLPack views (the caller checked dtype, device and contiguity); other
-    arguments must already be numpy scalars of the kernel's parameter types."""
+    """Launches `kernel` on torch's current stream of `device`. A tensor argument passes
+    as its device address (`T*` in the kernel; the caller checked dtype, device and
+    contiguity), by value as a numpy uint64, as CuPy passes an array's: no DLPack view
+    to build per argument. Other arguments must already be numpy scalars of the
+    kernel's parameter types."""
     stream = torch.cuda.current_stream(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    with cupy.cuda.Device(index):
-        try:
-            external = cupy.cuda.ExternalStream(stream.cuda_stream, index)
-        except TypeError:  # CuPy versions whose ExternalStream takes only the pointer
-            external = cupy.cuda.ExternalStream(stream.cuda_stream)
-        with external:
-            converted = tuple(_as_cupy(a) if isinstance(a, torch.Tensor) else a for a in args)
-            kernel(grid, block, converted)
+    with cupy.cuda.Device(index), _external_stream(stream.cuda_stream, index):
+        kernel(grid, block, tuple(numpy.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args))
 
 
 def threads_for(work: int, cap: int = 256) -> int:
