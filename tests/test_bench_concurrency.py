@@ -34,6 +34,7 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
         assert p["requests"] == 3 and p["output_tokens"] == 15  # every request generates exactly 5
         assert p["tokens_per_s"] > 0 and p["latency_p50_s"] <= p["latency_p90_s"]
         assert len(p["latencies_s"]) == 3
+        assert p["graph_captures"] is None  # no --cuda-graphs: nothing counted
     by = {(p["config"], p["concurrency"]): p for p in points if p["repeat"] == 0}
     assert by[("plain", 1)]["tau"] == 1.0 and by[("plain", 1)]["acceptance_rate"] == 0.0
     assert by[("eagle2-fixed", 1)]["tau"] >= 1.0

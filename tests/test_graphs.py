@@ -136,6 +136,9 @@ def test_graphed_engine_generates_and_drafts_what_eager_does():
         assert any(k.width > 1 and k.features for k in keys), f"{method}: no graphed catch-up"
         assert engine.drafters[method].loop_graphs.keys, f"{method}: no graphed drafting loop"
     assert any(k.width == 1 for k in engine.drafters["draft_model"].graphs.graphs), "draft model chain not graphed"
+    buckets = len(engine.graphs.graphs) + sum(len(engine.drafters[m].graphs.graphs) + len(engine.drafters[m].loop_graphs.keys)
+                                              for m in ("eagle2", "eagle3")) + len(engine.drafters["draft_model"].graphs.graphs)
+    assert engine.graph_captures() == (buckets, 0.0)  # every bucket once (EAGLE-1/2's shared head once)
     assert "emulated on CPU" in engine.load_note
 
 
@@ -239,3 +242,26 @@ def test_graphed_drafting_loop_equals_eager_and_its_padding_writes_only_spare_po
         assert set(torch.nonzero(changed.any(0).any(0)).flatten().tolist()) <= {slots[0]}
         rows = max(k[0] for k in loop_graphs.keys)
         assert rows == batch_bucket(len(slots)) and (rows > len(slots)) == changed.any()
+
+
+def test_steps_that_capture_a_graph_teach_the_policy_no_costs(monkeypatch):
+    """A bucket's first use captures its graph in the middle of a step (tens of ms on a
+    GPU, once): that step's drafting and verify times are not given to the adaptive
+    policy, which would otherwise price trees by their captures. Every other step's are."""
+    engine = make_engine(dtype="float32", cuda_graph_mode=True, cuda_graph_max_batch_size=4)
+    recorded = []
+    monkeypatch.setattr(engine.policy, "record_draft_time", lambda *a: recorded.append("draft"))
+    monkeypatch.setattr(engine.policy, "record_verify_time", lambda *a: recorded.append("verify"))
+    for i, p in enumerate(code_prompts(2, max_tokens=40)):
+        engine.submit(request(p, 40, "eagle2", rid=str(i)), lambda out: None)
+    engine.step()  # admission and prefill
+    capturing, steady = 0, 0
+    while engine._running:
+        before, n = engine.graph_captures()[0], len(recorded)
+        engine.step()
+        captured = engine.graph_captures()[0] > before
+        if engine._running or not captured:
+            assert (recorded[n:] == []) == captured, (captured, recorded[n:])
+        capturing += captured
+        steady += not captured
+    assert capturing >= 1 and steady >= 3, (capturing, steady)

@@ -146,6 +146,8 @@ class Engine:
                                                  spare_start=positions, aux_layers=self.aux_layers)
             for drafter in cached:  # the EAGLE heads' and the draft model's forwards
                 drafter.use_graphs(config.cuda_graph_max_batch_size)
+        self._graph_sets = [g for g in [self.graphs] + [getattr(d, name, None) for d in cached
+                                                        for name in ("graphs", "loop_graphs")] if g is not None]
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
         self.metrics = EngineMetrics()
         self._seeds = random.Random(config.seed)  # seeds of requests that send none
@@ -171,6 +173,13 @@ class Engine:
                                                  describe(self.policy)]))
 
     # -- public API ----------------------------------------------------------------------
+    def graph_captures(self) -> tuple[int, float]:
+        """CUDA graphs captured so far (target, drafters, drafting loops) and the seconds
+        their captures took: a bucket is captured when first needed, in the step that
+        needs it. On CPU: the emulated buckets created, 0 seconds."""
+        return (sum(p.captures for p in self._graph_sets),
+                sum(p.capture_seconds for p in self._graph_sets))
+
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
         """Validates (raises InputError) and queues (raises BusyError when the queue is
         full); `emit` gets every step's output from the engine thread, the last one with
@@ -366,11 +375,16 @@ class Engine:
             else:
                 groups[self.policy.group_key(st) + (s.req.sampling.greedy,)].append(i)
         with torch.inference_mode():
+            # A step that captured a CUDA graph (a bucket's first use) paid a one-time cost:
+            # its times would teach the policy that trees cost tens of milliseconds.
+            captures = self._captures()
             for idx in groups.values():
                 method = settings[idx[0]].method
                 t0 = time.perf_counter()
                 proposed = self.drafters[method].propose([states[i] for i in idx], [settings[i] for i in idx])
-                self.policy.record_draft_time(settings[idx[0]], time.perf_counter() - t0, [states[i] for i in idx])
+                if self._captures() == captures:
+                    self.policy.record_draft_time(settings[idx[0]], time.perf_counter() - t0,
+                                                  [states[i] for i in idx])
                 for i, tree in zip(idx, proposed):
                     room = self.max_context - states[i].cached_len
                     if settings[i].budget is not None:
@@ -382,7 +396,11 @@ class Engine:
             key_len = max(s.cached_len for s in states)
             t0 = time.perf_counter()
             self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
-            self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
+            if self._captures() == captures:
+                self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
+
+    def _captures(self) -> int:
+        return sum(g.captures for g in self._graph_sets)
 
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:

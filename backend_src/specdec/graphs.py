@@ -29,6 +29,7 @@ nothing inside reads the device from the host (tests/test_host_syncs.py).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -111,6 +112,8 @@ class DecodeGraphs:
         assert self.max_width >= 1, (cache.max_len, spare_start)
         self.capture = cache.kv.device.type == "cuda"
         self.graphs: dict[GraphKey, _Graph] = {}
+        self.captures = 0  # graphs captured so far (on CPU: buckets created), and the seconds they took
+        self.capture_seconds = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     @classmethod
@@ -157,6 +160,7 @@ class DecodeGraphs:
                        aux, F)
         g = self.graphs.get(key)
         if g is None:
+            t0 = time.perf_counter()
             try:
                 g = self._new(key, features)
             except GraphUnavailable as e:
@@ -164,6 +168,9 @@ class DecodeGraphs:
                 LOG.warning("%s; CUDA graphs are off for the %s forward of this model instance", e, self.name)
                 return self._forward(ids, features, positions, batch, aux)
             self.graphs[key] = g
+            self.captures += 1
+            if self.capture:
+                self.capture_seconds += time.perf_counter() - t0
         self._load(g, ids, positions, batch, features)
         if g.graph is not None:
             g.graph.replay()
@@ -256,14 +263,19 @@ class CapturedCalls:
         self.capture = device.type == "cuda"
         self.disabled = False
         self.keys: dict = {}  # key -> (static inputs, static outputs, graph); on CPU, key -> None
+        self.captures = 0  # as DecodeGraphs'
+        self.capture_seconds = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     def __call__(self, key, **inputs: torch.Tensor) -> Optional[tuple[torch.Tensor, ...]]:
         if not self.capture:
-            self.keys.setdefault(key, None)
+            if key not in self.keys:
+                self.keys[key] = None
+                self.captures += 1
             return self._function(key, **inputs)
         entry = self.keys.get(key)
         if entry is None:
+            t0 = time.perf_counter()
             try:
                 entry = self._new(key, inputs)
             except Exception as e:  # the caller goes on eagerly
@@ -272,6 +284,8 @@ class CapturedCalls:
                             self.name, key, type(e).__name__, e)
                 return None
             self.keys[key] = entry
+            self.captures += 1
+            self.capture_seconds += time.perf_counter() - t0
         else:
             for name, value in inputs.items():
                 entry[0][name].copy_(value)

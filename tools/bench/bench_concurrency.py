@@ -250,6 +250,9 @@ class Point:
     acceptance_rate: float
     latencies_s: list = field(default_factory=list)
     repeat: int = 0  # which of --repeats
+    # CUDA graphs captured while this point was timed (in process, --cuda-graphs), and their seconds
+    graph_captures: Optional[int] = None
+    capture_s: Optional[float] = None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -489,11 +492,17 @@ def run_benchmark(args) -> dict:
                     run_level(run, c, prompts, level, level, tag="warmup-")
             for r in range(args.repeats):
                 for c in configs[r % len(configs):] + configs[: r % len(configs)]:
+                    before = engine.graph_captures() if engine is not None and args.cuda_graphs else None
                     point = run_level(run, c, prompts, level, max(args.num_requests, level))
                     point.repeat = r
+                    captured = ""
+                    if before is not None:
+                        after = engine.graph_captures()
+                        point.graph_captures, point.capture_s = after[0] - before[0], round(after[1] - before[1], 4)
+                        captured = f"  {point.graph_captures} graphs captured ({point.capture_s:.2f} s)"
                     points.append(point)
                     print(f"  {c.label:>14} x{level:<3} #{r} {point.tokens_per_s:9.1f} tok/s  "
-                          f"p50 {point.latency_p50_s:.3f} s  τ {point.tau:.2f}", file=sys.stderr, flush=True)
+                          f"p50 {point.latency_p50_s:.3f} s  τ {point.tau:.2f}{captured}", file=sys.stderr, flush=True)
     finally:
         if engine is not None:
             engine.shutdown()
