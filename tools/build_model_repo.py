@@ -25,6 +25,8 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family import BASE_DIR, DRAFTER_DIRS  # noqa: E402
 from fill_template import TemplateError, fill_file, parse_substitutions, placeholders  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "backend_src"))
+from specdec.config import DRAFTER_PARAMETERS  # noqa: E402  (no torch: config and its errors only)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
@@ -32,8 +34,7 @@ TEMPLATES = REPO_ROOT / "model_repository"
 # client's cancellation reaches the engine), over the three models they call.
 MODELS = ("preprocessing", "speculative_decoding", "postprocessing", "ensemble", "tensorrt_llm_bls")
 DRAFTERS = DRAFTER_DIRS  # option / engine parameter → default checkpoint
-NEEDS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir",
-         "medusa": "medusa_dir", "draft_model": "draft_model_dir"}
+NEEDS = DRAFTER_PARAMETERS  # method -> the checkpoint parameter it needs
 
 
 def _has_checkpoint(path: Optional[Path]) -> bool:

@@ -15,6 +15,9 @@ from .errors import ConfigError
 from .request import METHODS
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # float64: exact-comparison tests
+# The checkpoint parameter each speculative method drafts with (tools/ read it too).
+DRAFTER_PARAMETERS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir", "medusa": "medusa_dir",
+                      "draft_model": "draft_model_dir"}
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not (Path(value) / "config.json").is_file():
                 raise ConfigError(f"parameter {name!r}: no config.json in {value!r}")
-        needed = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir",
-                  "medusa": "medusa_dir", "draft_model": "draft_model_dir"}.get(self.speculative_method)
+        needed = DRAFTER_PARAMETERS.get(self.speculative_method)
         if needed and getattr(self, needed) is None:
             raise ConfigError(f"speculative_method {self.speculative_method!r} needs parameter {needed!r}")
 

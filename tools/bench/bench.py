@@ -74,7 +74,7 @@ from tqdm import tqdm  # noqa: E402
 from dataset_converter import DatasetError, first_turns, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 from prepare_dataset import read_samples  # noqa: E402
-from specdec.config import DTYPES, EngineConfig  # noqa: E402
+from specdec.config import DRAFTER_PARAMETERS, DTYPES, EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
 from specdec.policy import MAX_TREE  # noqa: E402
@@ -85,8 +85,6 @@ ENTRIES = METHODS + HF_ENTRIES
 DRAFTER_DIRS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa",
                 "draft_model": "draft", "hf-assisted": "draft"}
 # the EngineConfig parameter that loads each method's drafter
-DRAFTER_CONFIG_KEYS = {"eagle": "eagle_dir", "eagle2": "eagle_dir", "eagle3": "eagle3_dir", "medusa": "medusa_dir",
-                       "draft_model": "draft_model_dir"}
 PROMPT_LOOKUP_TOKENS = 10
 RULE = "=" * 64
 
@@ -359,7 +357,7 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
 
 def drafter_dirs(family: Path, methods) -> dict[str, str]:
     """EngineConfig's drafter folders for `methods`: {config parameter: folder in `family`}."""
-    return {DRAFTER_CONFIG_KEYS[m]: str(Path(family) / DRAFTER_DIRS[m]) for m in methods if m in DRAFTER_CONFIG_KEYS}
+    return {DRAFTER_PARAMETERS[m]: str(Path(family) / DRAFTER_DIRS[m]) for m in methods if m in DRAFTER_PARAMETERS}
 
 
 def build_engine(args: argparse.Namespace, entries: list[str], reqs: list[BenchRequest]) -> Engine:
