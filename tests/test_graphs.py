@@ -164,7 +164,7 @@ def test_captured_graphs_decode_like_eager_on_gpu():
         assert graphs.graphs and all(g.graph is not None for g in graphs.graphs.values()), graphs.name
     for loop in (engine.drafters[m].loop_graphs for m in ("eagle2", "eagle3")):
         assert not loop.disabled and loop.keys, f"{loop.name}: a capture failed (see the warning in the log)"
-        assert all(entry[2] is not None for entry in loop.keys.values()), loop.name
+        assert all(entry.graph is not None for entry in loop.keys.values()), loop.name
 
 
 def test_long_forwards_of_a_power_of_two_width_run_eagerly():

@@ -22,6 +22,10 @@ spare positions (`spare_start` onwards, which no request ever uses) and attend t
 their first key only: they never touch a real request's state, and their outputs are
 dropped.
 
+EAGLE-2/3's whole drafting loop (a head forward per depth and the selection between
+them) is captured as one function per bucket by `CapturedCalls` (drafters/eagle.py pads
+its rows and fixes its key length).
+
 On CPU the same padded static forward runs without capture (no graphs exist there):
 that is what the tests use to check that the padding changes no output, and that
 nothing inside reads the device from the host (tests/test_host_syncs.py).
@@ -243,6 +247,15 @@ class DecodeGraphs:
             g.out, g.aux = self._run(g)
 
 
+@dataclass
+class _Captured:
+    """One key of `CapturedCalls`: its static inputs and outputs, and its graph."""
+
+    inputs: dict  # name -> tensor: where each call's inputs are copied
+    outputs: tuple  # the graph's outputs, overwritten by each replay
+    graph: "torch.cuda.CUDAGraph"
+
+
 class CapturedCalls:
     """One CUDA graph per key of a whole function of tensors (the EAGLE-2/3 drafting
     loop: head forwards and the tree selection between them, ~300 kernels a step). The
@@ -262,7 +275,7 @@ class CapturedCalls:
         self.name = name
         self.capture = device.type == "cuda"
         self.disabled = False
-        self.keys: dict = {}  # key -> (static inputs, static outputs, graph); on CPU, key -> None
+        self.keys: dict = {}  # key -> _Captured; on CPU, key -> None
         self.captures = 0  # as DecodeGraphs'
         self.capture_seconds = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
@@ -288,11 +301,11 @@ class CapturedCalls:
             self.capture_seconds += time.perf_counter() - t0
         else:
             for name, value in inputs.items():
-                entry[0][name].copy_(value)
-        entry[2].replay()
-        return tuple(out.clone() for out in entry[1])
+                entry.inputs[name].copy_(value)
+        entry.graph.replay()
+        return tuple(out.clone() for out in entry.outputs)
 
-    def _new(self, key, inputs: dict) -> tuple[dict, tuple, "torch.cuda.CUDAGraph"]:
+    def _new(self, key, inputs: dict) -> _Captured:
         static = {name: value.clone() for name, value in inputs.items()}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -303,4 +316,4 @@ class CapturedCalls:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = self._function(key, **static)
-        return static, tuple(outputs), graph
+        return _Captured(static, tuple(outputs), graph)
