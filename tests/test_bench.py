@@ -91,6 +91,26 @@ def test_latency_compare_interleaves_configurations_request_by_request(tmp_path,
     assert [c for c in calls if len(c[1]) > 1] == [("none", (0, 1, 2)), ("eagle3", (0, 1, 2)), ("hf", (0, 1, 2))]
 
 
+def test_graphed_runs_count_the_captures_made_while_timed(tmp_path, capsys):
+    """--cuda-graphs (emulated on CPU): each engine configuration reports how many graph
+    buckets were first needed while it was timed (the warm-up's are not counted);
+    `transformers` has none. Without --cuda-graphs nothing is counted."""
+    report = tmp_path / "graphs.json"
+    code, out = _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "2",
+                       "--output-tokens", "6", "--warmup", "1", "--no-progress", "--compare", "none,eagle2,hf",
+                       "--cuda-graphs", "--adaptive", "off", "--report-json", str(report))
+    assert code == 0 and "CUDA graphs captured while timed" in out
+    runs = {r["label"]: r for r in json.loads(report.read_text())["runs"]}
+    assert runs["hf"]["graph_captures"] is None
+    for label in ("none", "eagle2"):
+        count, seconds = runs[label]["graph_captures"]
+        assert count >= 0 and seconds == 0.0  # CPU: buckets are created, nothing is captured
+    assert runs["eagle2"]["graph_captures"][0] >= 1  # the second prompt needs buckets the first did not
+    assert _bench(capsys, "latency", "--question-set", str(HUMANEVAL), *SMALL, "--method", "none",
+                  "--report-json", str(report))[0] == 0
+    assert json.loads(report.read_text())["runs"][0]["graph_captures"] is None
+
+
 def test_bad_arguments_exit_2(capsys):
     code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--compare", "none,nope"])
     assert code == 2 and "unknown configuration 'nope'" in capsys.readouterr().err

@@ -181,6 +181,9 @@ class Run:
     tree: str
     results: list[RequestResult]
     wall_s: float
+    # CUDA graphs captured while this configuration was timed (--cuda-graphs) and their
+    # seconds: a capture is paid once per bucket, in the first step that needs it
+    graph_captures: Optional[tuple[int, float]] = None
 
     def summary(self) -> dict:
         res = self.results
@@ -525,6 +528,8 @@ def performance_overview(run: Run) -> str:
         ("Mean acceptance length tau", _fmt(s["tau"])),
         ("Draft acceptance rate", _fmt(s["acceptance_rate"])),
     ]
+    if run.graph_captures is not None:
+        rows.append(("CUDA graphs captured while timed", f"{run.graph_captures[0]} ({run.graph_captures[1]:.2f} s)"))
     return _block("PERFORMANCE OVERVIEW", rows)
 
 
@@ -788,12 +793,19 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     print(engine_details(args, entries, trees, machine, engine))
 
     warm = [reqs[i % len(reqs)] for i in range(args.warmup)]
+    captured: dict[str, tuple[int, float]] = {}  # entry -> graphs captured while timed, seconds
 
-    def run_entry(entry: str, batch: list[BenchRequest], progress) -> tuple[list[RequestResult], float]:
+    def run_entry(entry: str, batch: list[BenchRequest], progress, timed: bool = True
+                  ) -> tuple[list[RequestResult], float]:
         try:
-            if entry in METHODS:
-                return run_engine(engine, entry, batch, args, end_id, progress)
-            return run_hf(entry, hf_models, batch, args, end_id, progress)
+            if entry not in METHODS:
+                return run_hf(entry, hf_models, batch, args, end_id, progress)
+            before = engine.graph_captures()
+            out = run_engine(engine, entry, batch, args, end_id, progress)
+            if timed and args.cuda_graphs:
+                after, sofar = engine.graph_captures(), captured.get(entry, (0, 0.0))
+                captured[entry] = (sofar[0] + after[0] - before[0], sofar[1] + after[1] - before[1])
+            return out
         except InputError as e:
             raise BenchError(f"{entry}: {e}") from None
 
@@ -803,7 +815,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         # Request by request, every configuration in turn (the order rotating), so that a
         # machine that speeds up or slows down during the run weighs on all of them alike.
         for entry in entries:
-            run_entry(entry, warm, lambda: None)
+            run_entry(entry, warm, lambda: None, timed=False)
         collected = {e: ([], 0.0) for e in entries}
         bar = tqdm(total=len(reqs) * len(entries), desc="interleaved", unit="req", file=sys.stderr,
                    disable=args.no_progress)
@@ -813,17 +825,17 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
                 done, total = collected[entry]
                 collected[entry] = (done + results, total + wall)
         bar.close()
-        runs = [Run(e, trees[e], *collected[e]) for e in entries]
+        runs = [Run(e, trees[e], *collected[e], captured.get(e)) for e in entries]
         for run in runs:
             print(performance_overview(run))
     for entry in [] if interleave else entries:
         bar = tqdm(total=len(reqs), desc=entry, unit="req", file=sys.stderr, disable=args.no_progress)
         try:
-            run_entry(entry, warm, lambda: None)
+            run_entry(entry, warm, lambda: None, timed=False)
             results, wall = run_entry(entry, reqs, bar.update)
         finally:
             bar.close()
-        run = Run(entry, trees[entry], results, wall)
+        run = Run(entry, trees[entry], results, wall, captured.get(entry))
         runs.append(run)
         print(performance_overview(run))
 
@@ -843,7 +855,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         tool="tools/bench/bench.py", command=" ".join(["python tools/bench/bench.py"] + argv), config=config,
         machine=machine, requests_source=str(args.dataset or args.question_set),
         engine_at_load=portable(getattr(engine, "load_note", None)),  # calibration's timings, as printed
-        runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s,
+        runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s, graph_captures=r.graph_captures,
                    step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
                    requests=[x.to_json() for x in r.results]) for r in runs],
         comparison=rows,
