@@ -20,6 +20,9 @@
 #   as a prefix, so all of it was computed again (35 minutes; features.py now copies the
 #   rows it has by content and computes only the new conversations), then 856 steps
 #   (25 minutes).
+# - round 6 (not shipped): 2,027 more self-distilled conversations, committed as
+#   training_data/self_distill_round6.jsonl.xz (indexes 3,908-6,043) for the next round;
+#   0.6 epochs over rounds 5 and 6's conversations alone lowered HumanEval's τ (model card).
 # The shipped draft model is from an earlier, smaller round (its training.json says what
 # it saw); this script retrains it on the current data.
 set -euo pipefail
