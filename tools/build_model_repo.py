@@ -34,7 +34,6 @@ TEMPLATES = REPO_ROOT / "model_repository"
 # client's cancellation reaches the engine), over the three models they call.
 MODELS = ("preprocessing", "speculative_decoding", "postprocessing", "ensemble", "tensorrt_llm_bls")
 DRAFTERS = DRAFTER_DIRS  # option / engine parameter → default checkpoint
-NEEDS = DRAFTER_PARAMETERS  # method -> the checkpoint parameter it needs
 
 
 def _has_checkpoint(path: Optional[Path]) -> bool:
@@ -52,9 +51,10 @@ def repo_values(base: Path, method: str = "auto", tokenizer_dir: Optional[Path] 
     present = {k: p.resolve() for k, p in drafters.items() if _has_checkpoint(p)}
     if method == "auto":
         method = "eagle2" if "eagle_dir" in present else "none"
-    if method in NEEDS and NEEDS[method] not in present:
-        raise TemplateError(f"--method {method} needs a checkpoint in --{NEEDS[method].replace('_', '-')}"
-                            f" (no config.json in {drafters.get(NEEDS[method])})")
+    needed = DRAFTER_PARAMETERS.get(method)  # the checkpoint parameter the method drafts with
+    if needed and needed not in present:
+        raise TemplateError(f"--method {method} needs a checkpoint in --{needed.replace('_', '-')}"
+                            f" (no config.json in {drafters.get(needed)})")
     values = {
         "base_model_dir": str(base.resolve()),
         "tokenizer_dir": str((tokenizer_dir or base).resolve()),

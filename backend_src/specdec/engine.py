@@ -377,12 +377,12 @@ class Engine:
         with torch.inference_mode():
             # A step that captured a CUDA graph (a bucket's first use) paid a one-time cost:
             # its times would teach the policy that trees cost tens of milliseconds.
-            captures = self._captures()
+            captures = self.graph_captures()[0]
             for idx in groups.values():
                 method = settings[idx[0]].method
                 t0 = time.perf_counter()
                 proposed = self.drafters[method].propose([states[i] for i in idx], [settings[i] for i in idx])
-                if self._captures() == captures:
+                if self.graph_captures()[0] == captures:
                     self.policy.record_draft_time(settings[idx[0]], time.perf_counter() - t0,
                                                   [states[i] for i in idx])
                 for i, tree in zip(idx, proposed):
@@ -396,12 +396,8 @@ class Engine:
             key_len = max(s.cached_len for s in states)
             t0 = time.perf_counter()
             self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
-            if self._captures() == captures:
+            if self.graph_captures()[0] == captures:
                 self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
-
-    def _captures(self) -> int:
-        return sum(g.captures for g in self._graph_sets)
-
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:
         B, dev = len(states), self.device

@@ -84,7 +84,6 @@ HF_ENTRIES = ("hf", "hf-assisted", "hf-prompt-lookup")
 ENTRIES = METHODS + HF_ENTRIES
 DRAFTER_DIRS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa",
                 "draft_model": "draft", "hf-assisted": "draft"}
-# the EngineConfig parameter that loads each method's drafter
 PROMPT_LOOKUP_TOKENS = 10
 RULE = "=" * 64
 
