@@ -15,7 +15,7 @@ import pytest
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
 from specdec.policy import (DECAY, FIRST_BACKOFF, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN, SpeculationPolicy,
-                            _depth_share, _measured_shares)
+                            _depth_share, _ladder, _measured_shares)
 from specdec.drafters.base import TreeSettings
 from specdec.step_cost import StepCost
 
@@ -161,18 +161,19 @@ def test_one_pass_rates_equal_the_reference_model():
         full = {i: n for i, (s, n) in enumerate(zip(batch, budgets)) if n > 1 and not s.settings.pinned}
         for i in full:
             budgets[i] = 1
-        sizes = [16, 8, 4, 2]
+        sizes = [16, 8, 4, 3, 2]
         rates = policy._rates(batch, budgets, full, sizes)
         for size in [1] + sizes:
             ref = [min(full[i], size) if i in full else n for i, n in enumerate(budgets)]
             assert rates[size] == pytest.approx(policy._rate(batch, ref), rel=1e-12), size
 
 
-def few_rows_cost(few_rows: float, draft_seconds) -> StepCost:
+def few_rows_cost(few_rows: float, draft_seconds, more_trees: tuple[int, ...] = ()) -> StepCost:
     """Batch 1 on a CPU whose sgemm takes 2-3 rows for about the price of one: verify
     costs a 30 ms plain step, `few_rows` times that up to 3 tokens and twice from 4 on;
-    drafting an n-node EAGLE-2 tree costs `draft_seconds(n)`."""
-    bs, ns = StepCost.grid(1, FULL)
+    drafting an n-node EAGLE-2 tree costs `draft_seconds(n)`; the verify grid has the
+    powers of two and `more_trees`."""
+    bs, ns = StepCost.grid(1, FULL, more_trees)
     cost = StepCost(bs, ns)
     for N in ns:
         cost.set_verify(1, N, 0.030 * (1.0 if N == 1 else few_rows if N <= 3 else 2.0))
@@ -222,10 +223,32 @@ def test_measured_shares_let_a_small_tree_pay_where_the_log_scale_would_not():
 def test_smaller_trees_draft_shallower_and_narrower():
     policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=1e-3), accept=3.0)
     full = TreeSettings(method="eagle2", depth=5, top_k=8, total_tokens=FULL)
-    shapes = {n: policy._shrunk(full, n) for n in (8, 4, 2)}
-    assert [(st.total_tokens, st.depth, st.top_k) for st in shapes.values()] == [(8, 4, 4), (4, 3, 2), (2, 1, 1)]
+    shapes = {n: policy._shrunk(full, n) for n in (8, 4, 3, 2)}
+    assert ([(st.total_tokens, st.depth, st.top_k) for st in shapes.values()]
+            == [(8, 4, 4), (4, 3, 2), (3, 2, 2), (2, 1, 1)])
     for n, st in shapes.items():  # the drafted candidates can still fill the tree
         assert st.top_k + (st.depth - 1) * st.top_k ** 2 >= n - 1
+
+
+def test_the_plan_picks_a_three_node_tree_only_where_verify_runs_eagerly():
+    """The sizes the plan picks from are the full tree's halves down to 2, and 3 nodes
+    too where verify forwards run eagerly (`odd_tree`; with CUDA graphs 3 nodes are
+    verified at 4's width). On a CPU where 3 rows cost what 2 do and 4 twice that, a
+    3-node tree that keeps 70 % of a full tree's acceptance beats the 2-node tree's
+    50 %; without `odd_tree` the plan cannot pick it."""
+    assert _ladder(16) == [16, 8, 4, 2] and _ladder(16, odd_tree=True) == [16, 8, 4, 3, 2]
+    assert _ladder(4, odd_tree=True) == [4, 3, 2] and _ladder(3, odd_tree=True) == [3]
+    assert _ladder(2, odd_tree=True) == [2] and _ladder(1, odd_tree=True) == []
+    assert StepCost.grid(4, 16, (3, 32))[1] == [1, 2, 3, 4, 8, 16]  # sizes past the largest tree are left out
+    cost = few_rows_cost(1.1, lambda n: 0.001, more_trees=(3,))
+    shares = _measured_shares({16: 1.0, 8: 0.9, 4: 0.8, 3: 0.7, 2: 0.5}, 16)
+    picked = {}
+    for odd_tree in (False, True):
+        policy = policy_with(cost, accept=1.0)
+        policy.odd_tree = odd_tree
+        policy.accept_share["eagle2"] = shares
+        picked[odd_tree] = chosen_nodes(policy, states(1))
+    assert picked == {False: [2], True: [3]}  # 1.5 tokens for 1.13 steps; 1.7 for 1.13
 
 
 def test_drafting_cost_follows_the_tree_size():
@@ -500,7 +523,8 @@ def test_changing_trees_every_step_stays_lossless(prompts):
 def test_adaptive_engine_is_lossless_and_measures_costs(prompts):
     engine = make_engine(dtype="float64", max_batch_size=4, adaptive_speculation=True)
     cost = engine.policy.cost
-    assert cost.ready and all(cost.draft[("eagle2", n)] for n in (16, 8, 4, 2))  # every size the plan picks
+    assert engine.policy.odd_tree and 3 in cost.tree_sizes  # no CUDA graphs: 3-node trees too
+    assert cost.ready and all(cost.draft[("eagle2", n)] for n in (16, 8, 4, 3, 2))  # every size the plan picks
     assert set(cost.draft[("eagle2", 16)]) == {1, 4}  # the configured method at batch 1 and 4
     plain = [engine.generate(request(p, 40))[0] for p in prompts[:4]]
     spec = run_batch(engine, [request(p, 40, "eagle2", rid=f"s{i}") for i, p in enumerate(prompts[:4])])

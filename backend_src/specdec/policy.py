@@ -13,8 +13,9 @@
   results are saved and reused by the next load on the same setup
   (`calibration_cache.py`).
 - `plan` (every step): adaptive speculation. The batch's speculating requests get
-  trees of N nodes (their full trees, halves, quarters, ... or none: plain decoding;
-  a smaller EAGLE-2/3 tree is also drafted shallower and narrower), whichever N
+  trees of N nodes (their full trees, halves, quarters, ... down to 2, and 3 where
+  verify forwards run eagerly; or none: plain decoding; a smaller EAGLE-2/3 tree is
+  also drafted shallower and narrower), whichever N
   maximises the step's expected tokens per second under the measured cost of the one
   verify forward (B requests x N nodes) plus batched drafting, a tree only where it
   beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
@@ -98,6 +99,13 @@ PROBE_MAX_LOSS = 0.15
 # changes (a request joins, leaves, or ends a pause): under full load, where no tree
 # pays, re-planning every step was most of what adaptive speculation cost per step.
 REPLAN_STEPS = 8
+# Besides the halves of a full tree, the plan can pick a 3-node tree where verify
+# forwards run eagerly. On a 2-core Xeon MKL's sgemm takes up to 3 rows for about a
+# row's price and jumps at 4 (target forward 31 / 32 / 34 / 49 ms for 1-4 tokens,
+# docs/DESIGN.md), and a 3-node EAGLE-3 tree (two drafted tokens, chained or side by
+# side) accepted more than a 2-node one: τ 1.80 against 1.57 on HumanEval. With CUDA
+# graphs a 3-node verify runs padded to the 4-node graph, so 4 nodes cost no more.
+ODD_TREE = 3
 
 
 @dataclasses.dataclass
@@ -154,6 +162,7 @@ class SpeculationPolicy:
         # method -> {tree size: share of the full tree's accepted drafts}, measured at load
         # over the sizes the plan picks from (full tree, halves, ...); keys include the full tree
         self.accept_share: dict[str, dict[int, float]] = {}
+        self.odd_tree = False  # the plan can pick ODD_TREE nodes (verify runs eagerly); set at load
         self._recording: Optional[list[tuple[int, float]]] = None  # (requests, seconds) while calibrating
         self.calibration_note: Optional[str] = None  # for the load log: measured or cached, and where
         self.calibration_prompt: Optional[list[int]] = None  # a chat request (calibration_prompt.py)
@@ -291,7 +300,7 @@ class SpeculationPolicy:
                       and self._step - self._denied[1] < REPLAN_STEPS)
         if self._held:
             return 1
-        sizes = _ladder(max(full.values()))
+        sizes = self._ladder(max(full.values()))
         rates = self._rates(states, budgets, full, sizes)
         best, best_rate = 1, rates[1] * (1 + SPECULATE_MARGIN)
         for size in sizes:
@@ -300,16 +309,20 @@ class SpeculationPolicy:
         self._denied = (key, self._step) if best == 1 else None
         return best
 
+    def _ladder(self, full: int) -> list[int]:
+        return _ladder(full, self.odd_tree)
+
     def _shrunk(self, st: TreeSettings, n: int) -> TreeSettings:
         if st.method == "draft_model":
             return dataclasses.replace(st, num_draft_tokens=n - 1)
         if st.method in ("eagle2", "eagle3"):
             # A smaller tree is drafted shallower and narrower: drafting costs one head
             # forward per depth over top_k nodes per request, and the n best nodes
-            # rarely lie deeper than ~log2(n) + 1 or more than n / 2 to a parent. Keeping
+            # rarely lie deeper than ~log2(n) + 1 or more than n / 2 to a parent (rounded
+            # up: a 3-node tree picks its 2 drafts from 2 candidates a depth). Keeping
             # depth 5 / top-k 8 for a 2-node tree made drafting cost as much as for 16.
             depth = min(st.depth, n - 1, math.ceil(math.log2(n)) + 1)
-            return dataclasses.replace(st, total_tokens=n, depth=depth, top_k=min(st.top_k, max(1, n // 2)))
+            return dataclasses.replace(st, total_tokens=n, depth=depth, top_k=min(st.top_k, max(1, (n + 1) // 2)))
         return dataclasses.replace(st, budget=n)  # static trees: verified prefix of n nodes
 
     def draft_nodes(self, st: TreeSettings, n: int) -> int:
@@ -362,7 +375,7 @@ class SpeculationPolicy:
         since its last observation."""
         share = self._share(method, nodes, full)
         total, weight = PRIOR_WEIGHT * prior * share, PRIOR_WEIGHT
-        for size in set(_ladder(full)) | {nodes}:
+        for size in set(self._ladder(full)) | {nodes}:
             entry = self.served.get((method, full, size))
             if entry is not None:
                 w = entry[1] * SERVED_FORGET ** (self._step - entry[2])
@@ -461,6 +474,7 @@ class SpeculationPolicy:
         costs = self.config.adaptive_speculation and len(self.available) > 1
         if not (choose or costs):
             return
+        self.odd_tree = engine.graphs is None  # (cuda_graph_mode is in the cache's fingerprint)
         self.calibration_prompt = chat_prompt_ids(self.config.base_model_dir)
         cache = CalibrationCache.for_engine(engine, self.trees, self.calibration_prompt)
         if cache is not None:
@@ -509,7 +523,7 @@ class SpeculationPolicy:
         logits for every node (as `Engine._verify` computes them); then one shape over a
         4x longer prefix for the attention slope."""
         max_tree = min(self._largest_tree(), engine.max_context // 2)
-        batch_sizes, tree_sizes = StepCost.grid(engine.num_slots, max_tree)
+        batch_sizes, tree_sizes = StepCost.grid(engine.num_slots, max_tree, self._ladder(max_tree))
         prefix_len = min(CALIBRATION_PREFIX, engine.max_context - max_tree - 1)
         self.cost = StepCost(batch_sizes, tree_sizes, prefix_len)
         for B in batch_sizes:
@@ -539,7 +553,7 @@ class SpeculationPolicy:
             batches = [1] + [b for b in (4, 16) if b <= engine.num_slots and method == self.config.speculative_method]
             sizes = [self.full_nodes(full)]
             if method in ("eagle2", "eagle3", "draft_model"):
-                sizes = _ladder(sizes[0])
+                sizes = self._ladder(sizes[0])
             accepted: dict[int, float] = {}  # tree size -> accepted drafts per step (B = 1)
             for size in sizes:
                 st = full if size == sizes[0] else self._shrunk(full, size)
@@ -630,12 +644,16 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     return sorted(times[1:])[1]
 
 
-def _ladder(full: int) -> list[int]:
-    """The tree sizes the plan chooses among for a full tree: full, its halves, ... >= 2."""
+def _ladder(full: int, odd_tree: bool = False) -> list[int]:
+    """The tree sizes the plan chooses among for a full tree, largest first: full, its
+    halves, ... >= 2, and with `odd_tree` also ODD_TREE nodes where the full tree is
+    larger."""
     sizes = []
     while full >= 2:
         sizes.append(full)
         full //= 2
+    if odd_tree and sizes and sizes[0] > ODD_TREE and ODD_TREE not in sizes:
+        sizes = sorted(sizes + [ODD_TREE], reverse=True)
     return sizes
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import math
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 EMA = 0.2  # weight of one observation in a running measured/predicted ratio
 CELL_TRUST = 3  # observations before a cell's own ratio replaces its class's
@@ -85,8 +85,10 @@ class StepCost:
         self._ratio: dict[object, tuple[float, int]] = {}
 
     @staticmethod
-    def grid(max_batch: int, max_tree: int) -> tuple[list[int], list[int]]:
-        return _pow2_upto(max_batch), _pow2_upto(max_tree)
+    def grid(max_batch: int, max_tree: int, more_trees: Iterable[int] = ()) -> tuple[list[int], list[int]]:
+        """Batch sizes and tree sizes timed at load: powers of two up to each limit (and the
+        limit), the tree sizes with `more_trees` (sizes the plan can pick between them)."""
+        return _pow2_upto(max_batch), sorted(set(_pow2_upto(max_tree)) | {n for n in more_trees if n <= max_tree})
 
     @property
     def ready(self) -> bool:

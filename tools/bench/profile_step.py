@@ -146,7 +146,8 @@ def run_requests(engine: Engine, method: str, prompts: list[list[int]], args: ar
     t0 = time.perf_counter()
     for i, ids in enumerate(prompts):
         req = GenerationRequest(request_id=f"{tag}-{method}-{i}", input_ids=list(ids), max_tokens=args.output_tokens,
-                                sampling=SamplingParams(), spec=SpecParams(method=method))
+                                sampling=SamplingParams(),
+                                spec=SpecParams(method=method, depth=args.eagle_depth, top_k=args.eagle_top_k))
         out, _, final = engine.generate(req)
         tokens += len(out)
         forwards += final.stats.target_forwards if final.stats is not None else 0
@@ -224,6 +225,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--num-requests", type=int, default=3)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--eagle-total-tokens", type=int, default=16, help="EAGLE-2/3 tree nodes (default 16)")
+    p.add_argument("--eagle-depth", type=int, default=None, help="EAGLE-2/3 drafting depth (default 5)")
+    p.add_argument("--eagle-top-k", type=int, default=None, help="EAGLE-2/3 top-k (default 8)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--cuda-graphs", action="store_true", help="the engine's cuda_graph_mode")
