@@ -316,13 +316,8 @@ class SpeculationPolicy:
         if st.method == "draft_model":
             return dataclasses.replace(st, num_draft_tokens=n - 1)
         if st.method in ("eagle2", "eagle3"):
-            # A smaller tree is drafted shallower and narrower: drafting costs one head
-            # forward per depth over top_k nodes per request, and the n best nodes
-            # rarely lie deeper than ~log2(n) + 1 or more than n / 2 to a parent (rounded
-            # up: a 3-node tree picks its 2 drafts from 2 candidates a depth). Keeping
-            # depth 5 / top-k 8 for a 2-node tree made drafting cost as much as for 16.
-            depth = min(st.depth, n - 1, math.ceil(math.log2(n)) + 1)
-            return dataclasses.replace(st, total_tokens=n, depth=depth, top_k=min(st.top_k, max(1, (n + 1) // 2)))
+            depth, top_k = smaller_tree_shape(st.depth, st.top_k, n)
+            return dataclasses.replace(st, total_tokens=n, depth=depth, top_k=top_k)
         return dataclasses.replace(st, budget=n)  # static trees: verified prefix of n nodes
 
     def draft_nodes(self, st: TreeSettings, n: int) -> int:
@@ -642,6 +637,17 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
             target.logits(hidden).argmax(-1).tolist()
             times.append(time.perf_counter() - t0)
     return sorted(times[1:])[1]
+
+
+def smaller_tree_shape(depth: int, top_k: int, nodes: int) -> tuple[int, int]:
+    """(depth, top_k) of an EAGLE-2/3 tree of `nodes` nodes cut from one drafted with
+    `depth` and `top_k`. A smaller tree is drafted shallower and narrower: drafting costs
+    one head forward per depth over top_k nodes per request, and the n best nodes rarely
+    lie deeper than ~log2(n) + 1 or more than n / 2 to a parent (rounded up: a 3-node
+    tree picks its 2 drafts from 2 candidates a depth). Keeping depth 5 / top-k 8 for a
+    2-node tree made drafting cost as much as for 16."""
+    return (min(depth, nodes - 1, math.ceil(math.log2(nodes)) + 1),
+            min(top_k, max(1, (nodes + 1) // 2)))
 
 
 def _ladder(full: int, odd_tree: bool = False) -> list[int]:

@@ -28,9 +28,11 @@ and prints the speedup table (methods x sets; PNG with `--plot`).
 `--compare none,eagle2,hf,...` runs several configurations on the same requests in one
 process (one engine holding every drafter) and prints their table; ratios are against
 the first entry. Entries: the engine methods (none, medusa, eagle, eagle2, eagle3,
-draft_model) and three `transformers` references on the base weights, one request at
-a time in either mode: `hf` (greedy `generate()`), `hf-assisted` (`assistant_model` =
-the family's draft model), `hf-prompt-lookup` (`prompt_lookup_num_tokens=10`).
+draft_model), EAGLE-2/3 with a tree of N nodes (`eagle3@3`: drafted as adaptive
+speculation drafts that size, `policy.smaller_tree_shape`), and three `transformers`
+references on the base weights, one request at a time in either mode: `hf` (greedy
+`generate()`), `hf-assisted` (`assistant_model` = the family's draft model),
+`hf-prompt-lookup` (`prompt_lookup_num_tokens=10`).
 "same as none": greedy outputs must equal plain decoding token for token (below
 float64 a near-tie between two logits may flip an argmax between the tree and the
 plain forward, which sum in different orders; a mismatch is reported, not fatal).
@@ -77,11 +79,12 @@ from prepare_dataset import read_samples  # noqa: E402
 from specdec.config import DRAFTER_PARAMETERS, DTYPES, EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
-from specdec.policy import MAX_TREE  # noqa: E402
+from specdec.policy import MAX_TREE, smaller_tree_shape  # noqa: E402
 from specdec.request import METHODS, AcceptanceStats, GenerationRequest, SamplingParams, SpecParams  # noqa: E402
 
 HF_ENTRIES = ("hf", "hf-assisted", "hf-prompt-lookup")
 ENTRIES = METHODS + HF_ENTRIES
+SIZED = ("eagle2", "eagle3")  # methods whose entries may name a tree size: eagle3@3
 DRAFTER_DIRS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa",
                 "draft_model": "draft", "hf-assisted": "draft"}
 PROMPT_LOOKUP_TOKENS = 10
@@ -235,12 +238,29 @@ def sampling_for(args: argparse.Namespace, task_id: int) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, seed=task_id if args.temperature > 0 else None)
 
 
-def spec_for(args: argparse.Namespace, method: str) -> SpecParams:
-    """Per-request tree overrides from the command line (None: the engine's default)."""
+def entry_method(entry: str) -> str:
+    """The engine method or `transformers` reference an entry runs (`eagle3@3`: eagle3)."""
+    return entry.split("@", 1)[0]
+
+
+def entry_nodes(entry: str) -> Optional[int]:
+    """The tree size an entry names (`eagle3@3`: 3), else None."""
+    return int(entry.split("@", 1)[1]) if "@" in entry else None
+
+
+def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
+    """Per-request tree overrides from the command line (None: the engine's default); an
+    entry that names a tree size gets that size, drafted with the depth and top-k that
+    adaptive speculation gives a tree of that size cut from the command line's (or the
+    engine's default) depth and top-k."""
+    method, nodes = entry_method(entry), entry_nodes(entry)
+    depth, top_k, total = args.eagle_depth, args.eagle_top_k, args.eagle_total_tokens or None  # 0: calibrated size
+    if nodes is not None:
+        defaults = EngineConfig(base_model_dir="")
+        depth, top_k = smaller_tree_shape(depth or defaults.eagle_depth, top_k or defaults.eagle_top_k, nodes)
+        total = nodes
     return SpecParams(method=method, choices=args.choices if method in ("eagle", "medusa") else None,
-                      depth=args.eagle_depth, top_k=args.eagle_top_k,
-                      total_tokens=args.eagle_total_tokens or None,  # 0: the engine's calibrated size
-                      num_draft_tokens=args.num_draft_tokens)
+                      depth=depth, top_k=top_k, total_tokens=total, num_draft_tokens=args.num_draft_tokens)
 
 
 def run_engine(engine: Engine, method: str, reqs: list[BenchRequest], args: argparse.Namespace,
@@ -352,13 +372,20 @@ def run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Na
 def parse_entries(args: argparse.Namespace) -> list[str]:
     entries = [e.strip() for e in args.compare.split(",") if e.strip()] if args.compare else [args.method]
     for e in entries:
-        _validate_that(e in ENTRIES, f"unknown configuration {e!r}; choose from {', '.join(ENTRIES)}")
+        _validate_that(entry_method(e) in ENTRIES,
+                       f"unknown configuration {e!r}; choose from {', '.join(ENTRIES)} (and {'@N, '.join(SIZED)}@N)")
+        if "@" in e:
+            size = e.split("@", 1)[1]
+            _validate_that(entry_method(e) in SIZED and size.isdigit() and 2 <= int(size) <= MAX_TREE,
+                           f"configuration {e!r}: a tree size is METHOD@N with METHOD one of {', '.join(SIZED)} "
+                           f"and N from 2 to {MAX_TREE}")
     _validate_that(len(set(entries)) == len(entries), f"a configuration appears twice in {entries}")
     return entries
 
 
 def drafter_dirs(family: Path, methods) -> dict[str, str]:
     """EngineConfig's drafter folders for `methods`: {config parameter: folder in `family`}."""
+    methods = {entry_method(m) for m in methods}
     return {DRAFTER_PARAMETERS[m]: str(Path(family) / DRAFTER_DIRS[m]) for m in methods if m in DRAFTER_PARAMETERS}
 
 
@@ -367,7 +394,7 @@ def build_engine(args: argparse.Namespace, entries: list[str], reqs: list[BenchR
     dirs = drafter_dirs(family, entries)
     longest = max(len(r.input_ids) + r.output_tokens for r in reqs)
     # Spare positions past the longest request, so that its last steps still get full trees.
-    spec_methods = [e for e in entries if e in ("eagle2", "eagle3")]
+    spec_methods = [entry_method(e) for e in entries if entry_method(e) in ("eagle2", "eagle3")]
     total = args.eagle_total_tokens
     config = EngineConfig(
         base_model_dir=str(family / "base"), device=args.device, dtype=args.dtype,
@@ -410,7 +437,7 @@ def describe_tree(entry: str, engine: Optional[Engine], args: argparse.Namespace
     if entry == "hf-prompt-lookup":
         return f"transformers prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}"
     st = engine.policy.resolve(GenerationRequest("describe", [1], 1, spec=spec_for(args, entry)))
-    if entry in ("eagle", "medusa"):
+    if entry in ("eagle", "medusa"):  # (no tree size in these entries)
         name = args.choices or (engine.config.eagle_choices if entry == "eagle" else engine.config.medusa_choices)
         if len(name) > 40:
             name = name[:37] + "..."
@@ -771,7 +798,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     family = Path(args.family)
     _validate_that((family / "base" / "config.json").is_file(), f"--family {family}: no base/config.json")
     entries = parse_entries(args)
-    for e in entries:
+    for e in map(entry_method, entries):
         if e in DRAFTER_DIRS:
             _validate_that((family / DRAFTER_DIRS[e] / "config.json").is_file(),
                            f"{e} needs {family / DRAFTER_DIRS[e]}/config.json")
@@ -783,7 +810,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     end_id = tokenizer.eos_token_id if args.stop_at_eos else None
     machine = machine_info(args.device)
 
-    engine = build_engine(args, entries, reqs) if any(e in METHODS for e in entries) else None
+    engine = build_engine(args, entries, reqs) if any(entry_method(e) in METHODS for e in entries) else None
     hf_models = load_hf_models(args, entries) if any(e in HF_ENTRIES for e in entries) else None
     try:
         trees = {e: describe_tree(e, engine, args) for e in entries}
@@ -797,7 +824,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     def run_entry(entry: str, batch: list[BenchRequest], progress, timed: bool = True
                   ) -> tuple[list[RequestResult], float]:
         try:
-            if entry not in METHODS:
+            if entry_method(entry) not in METHODS:
                 return run_hf(entry, hf_models, batch, args, end_id, progress)
             before = engine.graph_captures()
             out = run_engine(engine, entry, batch, args, end_id, progress)
@@ -844,7 +871,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         print(format_comparison(rows, greedy))
     for r in rows:
         same = r["same_as_none"]
-        if same is not None and not same["same"] and r["label"] in METHODS:
+        if same is not None and not same["same"] and entry_method(r["label"]) in METHODS:
             print(f"warning: {r['label']}: {same['total'] - same['equal']} of {same['total']} outputs differ "
                   f"from plain decoding (greedy; dtype {args.dtype}; first differing tokens at "
                   f"{same['first_differences']})", file=sys.stderr)

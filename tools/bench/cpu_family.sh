@@ -11,7 +11,7 @@
 #              each EAGLE set (first turn, chat template), up to 128 new tokens stopping at
 #              the end of the turn, batch 1, temperature 0, adaptive speculation off
 # small-trees  the same requests: plain decoding, EAGLE-3 and EAGLE-2 with 2-node trees (one
-#              drafted token), generate and prompt lookup
+#              drafted token) and 3-node trees (two), generate and prompt lookup
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
 #              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
@@ -53,8 +53,8 @@ for stage in "${stages[@]}"; do
       $PY tools/bench/bench.py plot-speedups "$OUT"/latency_{humaneval,mt_bench,gsm8k,alpaca}.json \
         --plot "$OUT/speedup.png" ;;
     small-trees)
-      latency_on_every_set latency_small_tree --eagle-total-tokens 2 --eagle-depth 1 --eagle-top-k 1 \
-        --compare none,eagle3,eagle2,hf,hf-prompt-lookup ;;
+      latency_on_every_set latency_small_tree \
+        --compare none,eagle3@2,eagle3@3,eagle2@2,eagle2@3,hf,hf-prompt-lookup ;;
     adaptive)
       latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
     family)
