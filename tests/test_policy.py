@@ -240,6 +240,10 @@ def test_the_plan_picks_a_three_node_tree_only_where_verify_runs_eagerly():
     assert _ladder(4, odd_tree=True) == [4, 3, 2] and _ladder(3, odd_tree=True) == [3]
     assert _ladder(2, odd_tree=True) == [2] and _ladder(1, odd_tree=True) == []
     assert StepCost.grid(4, 16, (3, 32))[1] == [1, 2, 3, 4, 8, 16]  # sizes past the largest tree are left out
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=1e-3), accept=1.0)
+    assert policy.verify_grid(1, 26) == ([1], [1, 2, 4, 8, 16, 26])
+    policy.odd_tree = True  # the verify grid times the 3-node tree, and no other size between the powers of two
+    assert policy.verify_grid(1, 26) == ([1], [1, 2, 3, 4, 8, 16, 26])
     cost = few_rows_cost(1.1, lambda n: 0.001, more_trees=(3,))
     shares = _measured_shares({16: 1.0, 8: 0.9, 4: 0.8, 3: 0.7, 2: 0.5}, 16)
     picked = {}
@@ -523,7 +527,8 @@ def test_changing_trees_every_step_stays_lossless(prompts):
 def test_adaptive_engine_is_lossless_and_measures_costs(prompts):
     engine = make_engine(dtype="float64", max_batch_size=4, adaptive_speculation=True)
     cost = engine.policy.cost
-    assert engine.policy.odd_tree and 3 in cost.tree_sizes  # no CUDA graphs: 3-node trees too
+    assert engine.policy.odd_tree  # no CUDA graphs: 3-node trees too, timed besides the powers of two
+    assert [n for n in cost.tree_sizes[:-1] if n & (n - 1)] == [3]  # (the last is the largest tree)
     assert cost.ready and all(cost.draft[("eagle2", n)] for n in (16, 8, 4, 3, 2))  # every size the plan picks
     assert set(cost.draft[("eagle2", 16)]) == {1, 4}  # the configured method at batch 1 and 4
     plain = [engine.generate(request(p, 40))[0] for p in prompts[:4]]

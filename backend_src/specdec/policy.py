@@ -518,7 +518,7 @@ class SpeculationPolicy:
         logits for every node (as `Engine._verify` computes them); then one shape over a
         4x longer prefix for the attention slope."""
         max_tree = min(self._largest_tree(), engine.max_context // 2)
-        batch_sizes, tree_sizes = StepCost.grid(engine.num_slots, max_tree, self._ladder(max_tree))
+        batch_sizes, tree_sizes = self.verify_grid(engine.num_slots, max_tree)
         prefix_len = min(CALIBRATION_PREFIX, engine.max_context - max_tree - 1)
         self.cost = StepCost(batch_sizes, tree_sizes, prefix_len)
         for B in batch_sizes:
@@ -532,6 +532,12 @@ class SpeculationPolicy:
         if long_prefix > prefix_len:
             extra = _time_forward(engine, B, N, long_prefix) - self.cost.verify[(B, N)]
             self.cost.attn_slope = max(0.0, extra / (B * N * (long_prefix - prefix_len)))
+
+    def verify_grid(self, max_batch: int, max_tree: int) -> tuple[list[int], list[int]]:
+        """The (batch sizes, tree sizes) whose verify forward is timed at load: powers of
+        two up to each limit and the limit, with ODD_TREE where the plan can pick it (not
+        every size of `_ladder`: the halves of a 26-node static tree would add 13 and 6)."""
+        return StepCost.grid(max_batch, max_tree, [ODD_TREE] if self.odd_tree else [])
 
     def _time_drafters(self, engine) -> None:
         """Each drafter's acceptance (the prior of a new request's running acceptance)
