@@ -130,8 +130,8 @@ def test_the_committed_round_5_data_is_what_train_family_trains_on():
     assert first == set(range(1488))
     assert len(round5) == len(set(round5)) == 2320
     assert (min(round5), max(round5)) == (1488, 3907)
-    # Round 6's conversations, committed for the next round (the shipped heads have not
-    # seen them, MODEL_CARD.md): indexes from 3,908 on, none of the earlier ones again.
+    # Round 6's conversations, which round 7 (the shipped heads, MODEL_CARD.md) added:
+    # indexes from 3,908 on, none of the earlier ones again.
     round6 = [json.loads(line)["index"] for line in
               lzma.decompress(COMMITTED_DATA.with_name("self_distill_round6.jsonl.xz").read_bytes()).splitlines()]
     assert len(round6) == len(set(round6)) == 2027

@@ -60,6 +60,7 @@ for stage in "${stages[@]}"; do
     family)
       $PY tools/bench/eval_family.py --questions 4 --curve-tokens 48 --json "$OUT/family.json" \
         --snapshots .cache/train/heads/snapshots .cache/train/round4_work/snapshots .cache/train/round5_work/snapshots \
+          .cache/train/round7_work/snapshots \
         --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md ;;
     concurrency)
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
