@@ -103,7 +103,8 @@ REPLAN_STEPS = 8
 # forwards run eagerly. On a 2-core Xeon MKL's sgemm takes up to 3 rows for about a
 # row's price and jumps at 4 (target forward 31 / 32 / 34 / 49 ms for 1-4 tokens,
 # docs/DESIGN.md), and a 3-node EAGLE-3 tree (two drafted tokens, chained or side by
-# side) accepted more than a 2-node one: τ 1.80 against 1.57 on HumanEval. With CUDA
+# side) accepted more than a 2-node one: τ 1.85 against 1.56 on HumanEval, 1.39x
+# against 1.30x of plain decoding (docs/benchmarks.md, section 1.6). With CUDA
 # graphs a 3-node verify runs padded to the 4-node graph, so 4 nodes cost no more.
 ODD_TREE = 3
 

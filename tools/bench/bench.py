@@ -263,7 +263,7 @@ def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
                       depth=depth, top_k=top_k, total_tokens=total, num_draft_tokens=args.num_draft_tokens)
 
 
-def run_engine(engine: Engine, method: str, reqs: list[BenchRequest], args: argparse.Namespace,
+def run_engine(engine: Engine, entry: str, reqs: list[BenchRequest], args: argparse.Namespace,
                end_id: Optional[int], progress: Callable[[], None]) -> tuple[list[RequestResult], float]:
     """Throughput: submit all, step until all finish. Latency: one request at a time.
     Steps run in this thread, so the timestamps taken in `emit` are the host's view."""
@@ -292,8 +292,8 @@ def run_engine(engine: Engine, method: str, reqs: list[BenchRequest], args: argp
         return emit
 
     def submit(i: int, r: BenchRequest) -> None:
-        req = GenerationRequest(request_id=f"{method}-{i}", input_ids=list(r.input_ids), max_tokens=r.output_tokens,
-                                end_id=end_id, sampling=sampling_for(args, r.task_id), spec=spec_for(args, method))
+        req = GenerationRequest(request_id=f"{entry}-{i}", input_ids=list(r.input_ids), max_tokens=r.output_tokens,
+                                end_id=end_id, sampling=sampling_for(args, r.task_id), spec=spec_for(args, entry))
         res = RequestResult(r.task_id, len(r.input_ids), time.perf_counter())
         results.append(res)
         pending.add(r.task_id)
@@ -312,7 +312,7 @@ def run_engine(engine: Engine, method: str, reqs: list[BenchRequest], args: argp
                 engine.step()
     wall = time.perf_counter() - t0
     for res in results:
-        _validate_that(res.error is None, f"{method}: request {res.task_id} failed: {res.error}")
+        _validate_that(res.error is None, f"{entry}: request {res.task_id} failed: {res.error}")
     return results, wall
 
 
