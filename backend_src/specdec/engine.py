@@ -398,6 +398,7 @@ class Engine:
             self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
             if self.graph_captures()[0] == captures:
                 self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
+
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:
         B, dev = len(states), self.device

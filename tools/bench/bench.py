@@ -255,9 +255,8 @@ def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
     engine's default) depth and top-k."""
     method, nodes = entry_method(entry), entry_nodes(entry)
     depth, top_k, total = args.eagle_depth, args.eagle_top_k, args.eagle_total_tokens or None  # 0: calibrated size
-    if nodes is not None:
-        defaults = EngineConfig(base_model_dir="")
-        depth, top_k = smaller_tree_shape(depth or defaults.eagle_depth, top_k or defaults.eagle_top_k, nodes)
+    if nodes is not None:  # cut from the command line's depth and top-k, else EngineConfig's defaults
+        depth, top_k = smaller_tree_shape(depth or EngineConfig.eagle_depth, top_k or EngineConfig.eagle_top_k, nodes)
         total = nodes
     return SpecParams(method=method, choices=args.choices if method in ("eagle", "medusa") else None,
                       depth=depth, top_k=top_k, total_tokens=total, num_draft_tokens=args.num_draft_tokens)
@@ -394,7 +393,7 @@ def build_engine(args: argparse.Namespace, entries: list[str], reqs: list[BenchR
     dirs = drafter_dirs(family, entries)
     longest = max(len(r.input_ids) + r.output_tokens for r in reqs)
     # Spare positions past the longest request, so that its last steps still get full trees.
-    spec_methods = [entry_method(e) for e in entries if entry_method(e) in ("eagle2", "eagle3")]
+    spec_methods = [m for m in map(entry_method, entries) if m in ("eagle2", "eagle3")]
     total = args.eagle_total_tokens
     config = EngineConfig(
         base_model_dir=str(family / "base"), device=args.device, dtype=args.dtype,
