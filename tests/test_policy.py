@@ -82,6 +82,39 @@ def test_step_cost_interpolates_and_follows_measurements():
     assert cost.verify_seconds(1, 1) < 3 * (1e-2 + 1e-3)
 
 
+def test_a_tree_step_is_never_priced_below_the_plain_step_of_its_batch():
+    """Serving corrects plain steps by plain steps and trees by trees. Trees measured at
+    one request below their load-time timing must not make 8 requests' trees cheaper
+    than their plain step, which verifies a subset of the same work."""
+    cost = synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=0.0)
+    for _ in range(50):
+        cost.observe_verify(1, 2, 0, 0.5 * cost._verify_base(1, 2, 0))
+    assert cost.verify_seconds(1, 2) == pytest.approx(cost.verify_seconds(1, 1))
+    for B in (2, 8, 32):
+        for N in (2, 4, FULL):
+            assert cost.verify_seconds(B, N) >= cost.verify_seconds(B, 1), (B, N)
+    assert cost.verify_seconds(8, FULL) == pytest.approx(0.5 * (1e-2 + 8 * FULL * 1e-4), rel=1e-3)  # above plain: as corrected
+
+
+def test_calls_that_catch_a_drafter_up_price_probes_not_steady_drafting():
+    """A drafting call that first catches its drafter up (a newcomer's prompt, the
+    tokens of a paused request's plain steps) teaches only what such calls cost against
+    the steady prediction; probes are priced with that. Where catching up costs 8x a
+    steady call, the request that probes while it is cheap never probes."""
+    cheap = policy_with(few_rows_cost(1.02, lambda n: 0.001 * n), accept=0.3)
+    assert 2 in run_steps(cheap, states(1), [0] * 40)
+    cost = few_rows_cost(1.02, lambda n: 0.001 * n)
+    costly = policy_with(cost, accept=0.3)
+    steady = cost.draft_seconds("eagle2", 1, 2)
+    newcomer = states(1)  # no adaptive state yet: its first call catches up on its prompt
+    for _ in range(20):
+        costly.record_draft_time(TreeSettings(method="eagle2", total_tokens=2), 8 * steady, newcomer)
+        newcomer[0].adaptive = None
+    assert cost.draft_seconds("eagle2", 1, 2) == steady
+    assert cost.draft_seconds("eagle2", 1, 2, catching_up=True) == pytest.approx(8 * steady, rel=0.05)
+    assert run_steps(costly, states(1), [0] * 40) == [1] * 40
+
+
 def test_longer_contexts_cost_more_per_verified_token():
     cost = synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=0.0)
     cost.prefix_len, cost.attn_slope = 128, 1e-8
@@ -340,8 +373,8 @@ def test_a_plan_without_trees_holds_a_few_steps_unless_the_batch_changes(monkeyp
     policy = policy_with(cost, accept=3.0)
     planned, probe_checks = [], []
     rates = policy._rates
-    monkeypatch.setattr(policy, "_rates", lambda *args: (probe_checks if args[3] == [2] else planned).append(
-        policy._step) or rates(*args))
+    monkeypatch.setattr(policy, "_rates", lambda *args, **kwargs: (probe_checks if args[3] == [2] else planned).append(
+        policy._step) or rates(*args, **kwargs))
     batch = states(8)
     for _ in range(4 * REPLAN_STEPS):
         assert chosen_nodes(policy, batch) == [1] * 8

@@ -101,6 +101,16 @@ def test_the_target_answers_in_english(plain):
         assert len(set(words)) >= 0.5 * len(words), f"repetitive answer: {text!r}"
 
 
+def test_eagle_drafts_over_a_vocabulary_that_can_end_the_turn(engine64):
+    """The shipped EAGLE-1/2 head drafts over 8,192 frequent answer tokens (its
+    `draft_vocab.safetensors`); the end of turn is one of them, or no draft could
+    propose it."""
+    drafter = engine64.drafters["eagle2"]
+    assert drafter.vocab_d2t is not None
+    ids = (drafter.vocab_d2t + torch.arange(len(drafter.vocab_d2t))).tolist()
+    assert len(ids) == len(set(ids)) == 8192 and END_ID in ids
+
+
 @pytest.mark.parametrize("method,tree", TREES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TREES)])
 def test_speculative_greedy_equals_plain(engine64, prompts, plain, method, tree):
     reqs = [request(p, NEW_TOKENS, method, rid=f"{method}{i}", end_id=END_ID, return_perf_metrics=True, **tree)

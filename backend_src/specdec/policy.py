@@ -284,7 +284,8 @@ class SpeculationPolicy:
         due = [i for i in turned_down if self._stats(states[i]).probe_due]
         if not due:
             return
-        rates = self._rates(states, budgets, {i: 2 for i in due}, [2])  # 1: as planned; 2: with the probes
+        # (a probe's drafter first catches up on what the request emitted while it was off)
+        rates = self._rates(states, budgets, {i: 2 for i in due}, [2], catching_up=True)  # 1: as planned; 2: with the probes
         if rates[2] >= (1 - PROBE_MAX_LOSS / len(states)) * rates[1]:
             for i in due:
                 budgets[i] = 2
@@ -386,14 +387,16 @@ class SpeculationPolicy:
         request summed one by one)."""
         return self._rates(states, budgets, {}, [])[1]
 
-    def _rates(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int]) -> dict[int, float]:
+    def _rates(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int],
+               catching_up: bool = False) -> dict[int, float]:
         """The `_rate` of the batch when every request in `full` (index -> its full tree)
         gets min(full tree, size) nodes and the others keep `budgets`, for size 1 (no
         tree) and each of `sizes`. One pass instead of one per size: the other requests'
         tokens and drafting are summed once, and the adaptive ones are grouped by
         (method, full tree), whose drafting cost and depth share they have in common. At
         32 requests a pass per size was most of the policy's time per step, spent even
-        when every tree is turned down."""
+        when every tree is turned down. `catching_up`: the drafting of the requests in
+        `full` is priced as calls that catch a drafter up (probes after a pause)."""
         key_len = max(s.cached_len for s in states)
         tokens_fixed, n_fixed, drafting_fixed = 0.0, 1, collections.Counter()
         for i, (s, n) in enumerate(zip(states, budgets)):
@@ -401,7 +404,7 @@ class SpeculationPolicy:
                 tokens_fixed += 1 + self._expected_accept(s, n)
                 n_fixed = max(n_fixed, n)
                 if n > 1:
-                    drafting_fixed[(s.settings.method, self.draft_nodes(s.settings, n))] += 1
+                    drafting_fixed[(s.settings.method, self.draft_nodes(s.settings, n), False)] += 1
         groups: dict[tuple[str, int], list] = {}  # (method, full tree) -> [its requests, settings]
         for i, f in full.items():
             st = states[i].settings
@@ -414,9 +417,9 @@ class SpeculationPolicy:
                 N = max(N, n)
                 if n > 1:
                     tokens += sum(self._expected_accept(s, n) for s in members)
-                    drafting[(method, self.draft_nodes(st, n))] += len(members)
+                    drafting[(method, self.draft_nodes(st, n), catching_up)] += len(members)
             cost = self.cost.verify_seconds(len(states), N, key_len)
-            cost += sum(self.cost.draft_seconds(m, k, nodes) for (m, nodes), k in drafting.items())
+            cost += sum(self.cost.draft_seconds(m, k, nodes, c) for (m, nodes, c), k in drafting.items())
             rates[size] = tokens / max(cost, 1e-9)
         return rates
 
@@ -444,8 +447,9 @@ class SpeculationPolicy:
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
         reports them all. Calls that also caught a drafter up on a prompt or on the
-        tokens of steps without drafting do not teach the steady-state cost: counting
-        them would make every pause look more expensive and the policy pause more."""
+        tokens of steps without drafting teach what such calls cost against steady ones
+        (the price of a probe, `_probe_smallest`), not the steady cost: counting them
+        there would make every pause look more expensive and the policy pause more."""
         if self._recording is not None:  # calibrating: collected by _time_drafters
             self._recording.append((len(states), seconds))
             return
@@ -453,9 +457,8 @@ class SpeculationPolicy:
         for s in states:
             if s.adaptive is not None:
                 s.adaptive.drafted = True
-        if not catching_up:
-            nodes = self.draft_nodes(settings, self.full_nodes(settings))
-            self.cost.observe_draft(settings.method, len(states), nodes, seconds)
+        nodes = self.draft_nodes(settings, self.full_nodes(settings))
+        self.cost.observe_draft(settings.method, len(states), nodes, seconds, catching_up)
 
     def record_verify_time(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
         """Every verify step's wall time, from its forward to its emitted tokens."""

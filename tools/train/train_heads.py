@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import (Dataset, batches, coverage, epoch_schedule, frequent_tokens, learning_rate,  # noqa: E402
                   load_dataset, load_state, run_key)  # noqa: E402
 from features import FeatureSet, build_features  # noqa: E402
+from specdec.drafters.loader import DRAFT_VOCAB_FILE  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
 from specdec.models.eagle3 import Eagle3Head  # noqa: E402
 from specdec.models.layers import LlamaShape, causal_mask, rope, rope_tables  # noqa: E402
@@ -302,10 +303,11 @@ def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_
     return (loss_e, loss_3, loss_m), (acc_e.item(), acc_3, acc_m)
 
 
-def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict) -> None:
+def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict, train_rows: torch.Tensor) -> None:
     D = heads.eagle3.lm_head.weight.shape[0]
     heads.eagle.save_pretrained(out / "eagle", head_config(
         base_cfg, architectures=["LlamaForCausalLM"], bias=True, specdec_score_temperature=SCORE_TEMPERATURE))
+    save_draft_vocab(out / "eagle", train_rows)
     heads.eagle3.save_pretrained(out / "eagle3", head_config(
         base_cfg, architectures=["LlamaForCausalLMEagle3"], bias=False, draft_vocab_size=D,
         target_hidden_size=shape.hidden_size, specdec_score_temperature=SCORE_TEMPERATURE))
@@ -315,6 +317,16 @@ def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict) -> No
         save_medusa(heads, shape, out / "medusa")
     for name in names:
         (out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def save_draft_vocab(eagle_dir: Path, train_rows: torch.Tensor) -> None:
+    """The EAGLE-1 head's drafting vocabulary: the tokens its cross-entropy ranked over,
+    which serving's EAGLE-1/2 drafting then scores alone (`specdec.drafters.eagle`)."""
+    from safetensors.torch import save_file
+
+    eagle_dir.mkdir(parents=True, exist_ok=True)
+    save_file({"token_ids": train_rows.to(torch.int64).contiguous()}, str(eagle_dir / DRAFT_VOCAB_FILE),
+              metadata={"format": "pt"})
 
 
 def save_medusa(heads: Heads, shape, medusa_dir: Path) -> None:
@@ -351,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
                     "answer tokens are then counted on from theirs")
     ap.add_argument("--score-only", action="store_true",
                     help="print the --init heads' holdout scores and stop (compares rounds on the same data)")
+    ap.add_argument("--draft-vocab-only", action="store_true",
+                    help=f"write OUT/eagle/{DRAFT_VOCAB_FILE} (the --train-vocab most frequent answer tokens of "
+                    "--data) and stop: for heads saved before training wrote it")
     ap.add_argument("--features", type=Path, help="the feature cache (default: WORK/features); one cache serves "
                     "every round whose data appends to the last round's")
     args = ap.parse_args(argv)
@@ -359,6 +374,10 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     ds = load_dataset(args.data, args.max_len)
     print(ds.overlap.summary(), flush=True)
+    if args.draft_vocab_only:
+        save_draft_vocab(args.out / "eagle", frequent_tokens(ds, ds.train, args.train_vocab))
+        print(f"wrote {args.out / 'eagle' / DRAFT_VOCAB_FILE}", flush=True)
+        return
     fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.features or args.work / "features",
                         log=lambda m: print(m, flush=True))
     base = LlamaModel.from_pretrained(args.base)
@@ -404,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.score_only:
         return
     if args.init and snapshots and step == 0:  # the curve of this round starts at the heads it starts from
-        save_heads(heads, base_cfg, base.shape, args.work / "snapshots" / str(seen), dict(answer_tokens=seen))
+        save_heads(heads, base_cfg, base.shape, args.work / "snapshots" / str(seen), dict(answer_tokens=seen),
+                   train_rows)
     t0 = time.time()
     while step < total:
         for g in opt.param_groups:
@@ -421,7 +441,8 @@ def main(argv: list[str] | None = None) -> None:
         step += 1
         for s in snapshots:
             if before < s <= seen:
-                save_heads(heads, base_cfg, base.shape, args.work / "snapshots" / str(s), dict(answer_tokens=s))
+                save_heads(heads, base_cfg, base.shape, args.work / "snapshots" / str(s), dict(answer_tokens=s),
+                           train_rows)
         if step % 5 == 0 or step == total:
             el = time.time() - t0
             print(f"step {step}/{total} tokens {seen} | eagle {loss_e.item():.3f} top1 {acc_e:.2f} | eagle3 "
@@ -438,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
                 overlap=ds.overlap.summary(), init=str(args.init) if args.init else None,
                 answer_tokens_this_run=seen - start_tokens,
                 holdout_top1_before=initial, holdout_top1_after=final)
-    save_heads(heads, base_cfg, base.shape, args.out, meta)
+    save_heads(heads, base_cfg, base.shape, args.out, meta, train_rows)
     print(f"saved to {args.out}", flush=True)
 
 

@@ -6,6 +6,10 @@ method's, so a request can pick any of them (`speculative_method` per request).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
 
 from ..config import EngineConfig
 from ..errors import ConfigError, InputError
@@ -18,6 +22,11 @@ from .choices import static_tree
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
+
+
+# In an EAGLE-1/2 head's folder (not an upstream file): the tokens its drafting scores
+# (`token_ids`, [K] int64), the most frequent answer tokens of its training data
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 
 @dataclass
@@ -35,7 +44,8 @@ def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int, slots:
     try:
         if config.eagle_dir:
             head = EagleHead.from_pretrained(config.eagle_dir, config.base_model_dir, dtype, device)
-            drafter = EagleDrafter(head, target, slots, max_len, _score_temperature(config, config.eagle_dir))
+            drafter = EagleDrafter(head, target, slots, max_len, _score_temperature(config, config.eagle_dir),
+                                   draft_vocab(config.eagle_dir, target.shape.vocab_size))
             out.drafters["eagle"] = out.drafters["eagle2"] = drafter
             out.trees["eagle"] = _tree(config.eagle_choices, "eagle_choices", 16)
         if config.eagle3_dir:
@@ -67,6 +77,27 @@ def _tree(spec: str, name: str, max_depth: int):
         return static_tree(spec, top_k=16, max_depth=max_depth)
     except InputError as e:
         raise ConfigError(f"parameter {name!r}: {e}") from None
+
+
+def draft_vocab(head_dir: str, vocab_size: int) -> Optional[torch.Tensor]:
+    """The head's drafting vocabulary (ascending target ids), or None (the full LM head)
+    when its folder has no DRAFT_VOCAB_FILE."""
+    from safetensors.torch import load_file
+
+    path = Path(head_dir) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    where = f"eagle_dir: {DRAFT_VOCAB_FILE}"
+    try:
+        ids = load_file(str(path)).get("token_ids")
+    except Exception as e:  # safetensors raises its own error types on a damaged file
+        raise ConfigError(f"{where}: cannot read it: {e}") from None
+    if ids is None or ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or len(ids) == 0:
+        raise ConfigError(f"{where}: needs 'token_ids', a non-empty 1-D integer tensor")
+    ids = ids.long().sort().values
+    if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size or bool((ids[1:] == ids[:-1]).any()):
+        raise ConfigError(f"{where}: token_ids must be distinct ids below the vocabulary size {vocab_size}")
+    return ids
 
 
 def _score_temperature(config: EngineConfig, head_dir: str) -> float:

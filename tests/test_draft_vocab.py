@@ -1,0 +1,71 @@
+"""EAGLE-1/2 drafting over a drafting vocabulary (`draft_vocab.safetensors` in the head's
+folder, FR-Spec): drafts come from it alone, output stays exact, and a bad file is a
+clear load error."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine_helpers import FAMILY, code_prompts, make_engine, request
+from specdec.drafters.loader import DRAFT_VOCAB_FILE
+from specdec.errors import ConfigError
+from tiny_family import active_tokens
+
+NEW_TOKENS = 48
+
+
+def eagle_dir_with(tmp_path, token_ids: torch.Tensor):
+    folder = tmp_path / "eagle"
+    shutil.copytree(FAMILY / "eagle", folder)
+    save_file({"token_ids": token_ids}, str(folder / DRAFT_VOCAB_FILE))
+    return folder
+
+
+def drafted_tokens(engine, method: str, prompts: list[list[int]], monkeypatch) -> tuple[set[int], list[list[int]]]:
+    """Every token the method's drafter proposed (roots excluded), and the outputs."""
+    drafter = engine.drafters[method]
+    seen: set[int] = set()
+    propose = drafter.propose
+
+    def recording(states, settings):
+        trees = propose(states, settings)
+        for tree in trees:
+            seen.update(tree.tokens[1:].tolist())
+        return trees
+    monkeypatch.setattr(drafter, "propose", recording)
+    outputs = [engine.generate(request(p, NEW_TOKENS, method=method))[0] for p in prompts]
+    monkeypatch.setattr(drafter, "propose", propose)
+    return seen, outputs
+
+
+@pytest.mark.parametrize("method", ["eagle2", "eagle"])
+def test_drafts_come_from_the_drafting_vocabulary_and_output_stays_exact(tmp_path, monkeypatch, method):
+    """Half of the tokens the tiny family's text uses make the vocabulary: with the full
+    LM head the drafter proposes tokens of the other half, with the file never; greedy
+    output equals plain decoding's either way."""
+    active = active_tokens(FAMILY / "base")
+    vocab = active[::2].sort().values
+    prompts = code_prompts(3)
+    full = make_engine(dtype="float64")
+    plain = [full.generate(request(p, NEW_TOKENS))[0] for p in prompts]
+    seen_full, out_full = drafted_tokens(full, method, prompts, monkeypatch)
+    assert seen_full - set(vocab.tolist()), "the test's vocabulary must exclude tokens the head drafts"
+    reduced = make_engine(dtype="float64", eagle_dir=str(eagle_dir_with(tmp_path, vocab)))
+    seen, out = drafted_tokens(reduced, method, prompts, monkeypatch)
+    assert seen and seen <= set(vocab.tolist())
+    assert out == plain and out_full == plain
+
+
+@pytest.mark.parametrize("token_ids, message", [
+    (torch.tensor([3, 1 << 20]), "below the vocabulary size"),
+    (torch.tensor([-1, 3]), "below the vocabulary size"),
+    (torch.tensor([5, 5, 7]), "distinct"),
+    (torch.tensor([[1, 2]]), "1-D integer"),
+    (torch.tensor([1.0, 2.0]), "1-D integer"),
+])
+def test_a_bad_drafting_vocabulary_is_a_load_error_naming_the_file(tmp_path, token_ids, message):
+    with pytest.raises(ConfigError, match=f"{DRAFT_VOCAB_FILE}.*{message}"):
+        make_engine(eagle_dir=str(eagle_dir_with(tmp_path, token_ids)))
