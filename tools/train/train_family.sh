@@ -25,7 +25,9 @@
 #   0.6 epochs over rounds 5 and 6's conversations alone lowered HumanEval's τ (model card).
 # - round 7 (the shipped EAGLE heads): on from round 5's, 0.5 epochs over every source with
 #   round 6's conversations added (features of the new ones ~35 minutes, then 920 steps
-#   in 33 minutes).
+#   in 33 minutes). train_heads.py also writes eagle/draft_vocab.safetensors, the 8,192
+#   tokens EAGLE-1/2 drafting scores; the committed one was written for round 7's heads
+#   with --draft-vocab-only from the same data, which gives the same tokens.
 # The shipped draft model is from an earlier, smaller round (its training.json says what
 # it saw); this script retrains it on the current data.
 set -euo pipefail
