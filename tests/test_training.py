@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from conftest import model_family
 
@@ -21,6 +23,7 @@ import train_draft  # noqa: E402
 import train_heads  # noqa: E402
 from engine_helpers import request, run_batch  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
+from specdec.drafters.loader import DRAFT_VOCAB_FILE  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 
 
@@ -70,6 +73,12 @@ def test_heads_and_draft_train_into_layouts_that_setup_completes_and_the_engine_
     outs = run_batch(engine, [request(prompt, 12, method=m, rid=m) for m in methods])
     for m in methods[1:]:
         assert outs[m] == outs["none"], m  # greedy speculation with the trained drafters is lossless
+    # EAGLE-1/2 draft over the tokens training ranked over, and --draft-vocab-only writes
+    # the same ones for heads saved before training wrote them
+    assert engine.drafters["eagle2"].vocab_d2t is not None
+    train_heads.main(heads[:heads.index("--out")] + ["--out", str(tmp / "vocab_only"), "--draft-vocab-only"])
+    written = load_file(str(out / "eagle" / DRAFT_VOCAB_FILE))["token_ids"]
+    assert torch.equal(load_file(str(tmp / "vocab_only" / "eagle" / DRAFT_VOCAB_FILE))["token_ids"], written)
 
 
 def test_a_rerun_resumes_and_another_runs_state_is_refused(run, capsys):
