@@ -148,7 +148,7 @@ class StepCost:
         key = self._draft_key(method, nodes)
         if key is None or requests <= 0:
             return 0.0
-        cell, kind = ((method, nodes), self._bucket(requests)), (method, nodes)
+        cell, kind = self._draft_cell(method, nodes, requests)
         seconds = self._draft_base(key, requests) * self._correction(cell, kind)
         if catching_up:
             seconds *= self._correction(cell + (CATCH_UP,), kind + (CATCH_UP,))
@@ -191,11 +191,12 @@ class StepCost:
         key = self._draft_key(method, nodes)
         if key is None or requests <= 0:
             return
-        cell, kind = ((method, nodes), self._bucket(requests)), (method, nodes)
-        if catching_up:
-            self._observe((cell + (CATCH_UP,), kind + (CATCH_UP,)), seconds, self.draft_seconds(method, requests, nodes))
+        cell, kind = self._draft_cell(method, nodes, requests)
+        base = self._draft_base(key, requests)
+        if catching_up:  # against the steady prediction, its own correction included
+            self._observe((cell + (CATCH_UP,), kind + (CATCH_UP,)), seconds, base * self._correction(cell, kind))
         else:
-            self._observe((cell, kind), seconds, self._draft_base(key, requests))
+            self._observe((cell, kind), seconds, base)
 
     def _correction(self, cell, kind) -> float:
         ratio, seen = self._ratio.get(cell, (1.0, 0))
@@ -215,6 +216,11 @@ class StepCost:
 
     def _cell(self, batch: int, nodes: int) -> tuple[int, int]:
         return self.batch_sizes[_nearest(self.batch_sizes, batch)], self.tree_sizes[_nearest(self.tree_sizes, nodes)]
+
+    def _draft_cell(self, method: str, nodes: int, requests: int) -> tuple[tuple, tuple]:
+        """(cell, class) of a drafting call's running ratio: its batch bucket, and the
+        method's calls at that tree size."""
+        return ((method, nodes), self._bucket(requests)), (method, nodes)
 
     def _bucket(self, requests: int) -> int:
         return self.batch_sizes[_nearest(self.batch_sizes, requests)]
