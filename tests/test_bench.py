@@ -113,19 +113,23 @@ def test_graphed_runs_count_the_captures_made_while_timed(tmp_path, capsys):
 
 def test_entries_can_name_an_eagle_tree_size(tmp_path, capsys):
     """`eagle3@3` and `eagle3@2` run side by side in one engine with 3- and 2-node trees,
-    drafted as adaptive speculation drafts those sizes; no step emits more tokens than
-    its tree has nodes, and both stay lossless."""
+    drafted as adaptive speculation drafts those sizes, beside Medusa's best 2 paths and
+    the draft model's 1-token chain; no step emits more tokens than its tree has nodes,
+    and all stay lossless."""
     report = tmp_path / "sizes.json"
     code, out = _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "2",
                        "--output-tokens", "12", "--warmup", "0", "--no-progress", "--dtype", "float64",
-                       "--compare", "none,eagle3@3,eagle3@2,eagle2@4", "--report-json", str(report))
+                       "--compare", "none,eagle3@3,eagle3@2,eagle2@4,medusa@3,draft_model@2",
+                       "--report-json", str(report))
     assert code == 0
     data = json.loads(report.read_text())
     runs = {r["label"]: r for r in data["runs"]}
     assert runs["eagle3@3"]["tree"] == "dynamic depth=2 top_k=2 total_tokens=3"
     assert runs["eagle3@2"]["tree"] == "dynamic depth=1 top_k=1 total_tokens=2"
     assert runs["eagle2@4"]["tree"] == "dynamic depth=3 top_k=2 total_tokens=4"
-    for label, nodes in (("eagle3@3", 3), ("eagle3@2", 2), ("eagle2@4", 4)):
+    assert runs["medusa@3"]["tree"] == "static first 2 paths of mc_sim_7b_63 (3 nodes)"
+    assert runs["draft_model@2"]["tree"] == "chain of 1"
+    for label, nodes in (("eagle3@3", 3), ("eagle3@2", 2), ("eagle2@4", 4), ("medusa@3", 3), ("draft_model@2", 2)):
         assert max(int(k) for k in runs[label]["step_tau_histogram"]) <= nodes
     assert all(r["same_as_none"]["same"] for r in data["comparison"][1:])
 
@@ -133,7 +137,7 @@ def test_entries_can_name_an_eagle_tree_size(tmp_path, capsys):
 def test_bad_arguments_exit_2(capsys):
     code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--compare", "none,nope"])
     assert code == 2 and "unknown configuration 'nope'" in capsys.readouterr().err
-    for entry in ("eagle@3", "eagle3@1", "eagle3@x", "hf@2"):
+    for entry in ("eagle@3", "eagle3@1", "eagle3@x", "hf@2", "medusa@1", "draft_model@0"):
         code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL),
                            "--compare", f"none,{entry}"])
         assert code == 2 and "METHOD@N" in capsys.readouterr().err, entry

@@ -1,6 +1,6 @@
-"""EAGLE-1/2 drafting over a drafting vocabulary (`draft_vocab.safetensors` in the head's
-folder, FR-Spec): drafts come from it alone, output stays exact, and a bad file is a
-clear load error."""
+"""Drafting over a drafting vocabulary (`draft_vocab.safetensors` in the drafter's
+folder, FR-Spec) for EAGLE-1/2, Medusa and the draft model: drafts come from it alone,
+output stays exact, and a bad file is a clear load error naming the config parameter."""
 from __future__ import annotations
 
 import shutil
@@ -15,13 +15,22 @@ from specdec.errors import ConfigError
 from tiny_family import active_tokens
 
 NEW_TOKENS = 48
+# method -> (the family's folder, the config parameter naming it)
+FOLDERS = {"eagle2": ("eagle", "eagle_dir"), "eagle": ("eagle", "eagle_dir"),
+           "medusa": ("medusa", "medusa_dir"), "draft_model": ("draft", "draft_model_dir")}
 
 
-def eagle_dir_with(tmp_path, token_ids: torch.Tensor):
-    folder = tmp_path / "eagle"
-    shutil.copytree(FAMILY / "eagle", folder)
-    save_file({"token_ids": token_ids}, str(folder / DRAFT_VOCAB_FILE))
-    return folder
+def drafter_dir_with(tmp_path, folder: str, token_ids: torch.Tensor):
+    """A copy of the tiny family's `folder` with a drafting vocabulary of `token_ids`."""
+    out = tmp_path / folder
+    shutil.copytree(FAMILY / folder, out)
+    save_file({"token_ids": token_ids}, str(out / DRAFT_VOCAB_FILE))
+    return out
+
+
+def half_of_the_active_tokens() -> torch.Tensor:
+    """Every other token the tiny family's text uses (ascending ids)."""
+    return active_tokens(FAMILY / "base")[::2].sort().values
 
 
 def drafted_tokens(engine, method: str, prompts: list[list[int]], monkeypatch) -> tuple[set[int], list[list[int]]]:
@@ -41,24 +50,25 @@ def drafted_tokens(engine, method: str, prompts: list[list[int]], monkeypatch) -
     return seen, outputs
 
 
-@pytest.mark.parametrize("method", ["eagle2", "eagle"])
+@pytest.mark.parametrize("method", ["eagle2", "eagle", "medusa", "draft_model"])
 def test_drafts_come_from_the_drafting_vocabulary_and_output_stays_exact(tmp_path, monkeypatch, method):
     """Half of the tokens the tiny family's text uses make the vocabulary: with the full
     LM head the drafter proposes tokens of the other half, with the file never; greedy
     output equals plain decoding's either way."""
-    active = active_tokens(FAMILY / "base")
-    vocab = active[::2].sort().values
+    folder, parameter = FOLDERS[method]
+    vocab = half_of_the_active_tokens()
     prompts = code_prompts(3)
     full = make_engine(dtype="float64")
     plain = [full.generate(request(p, NEW_TOKENS))[0] for p in prompts]
     seen_full, out_full = drafted_tokens(full, method, prompts, monkeypatch)
-    assert seen_full - set(vocab.tolist()), "the test's vocabulary must exclude tokens the head drafts"
-    reduced = make_engine(dtype="float64", eagle_dir=str(eagle_dir_with(tmp_path, vocab)))
+    assert seen_full - set(vocab.tolist()), "the test's vocabulary must exclude tokens the drafter proposes"
+    reduced = make_engine(dtype="float64", **{parameter: str(drafter_dir_with(tmp_path, folder, vocab))})
     seen, out = drafted_tokens(reduced, method, prompts, monkeypatch)
     assert seen and seen <= set(vocab.tolist())
     assert out == plain and out_full == plain
 
 
+@pytest.mark.parametrize("folder, parameter", sorted(set(FOLDERS.values())))
 @pytest.mark.parametrize("token_ids, message", [
     (torch.tensor([3, 1 << 20]), "below the vocabulary size"),
     (torch.tensor([-1, 3]), "below the vocabulary size"),
@@ -66,6 +76,6 @@ def test_drafts_come_from_the_drafting_vocabulary_and_output_stays_exact(tmp_pat
     (torch.tensor([[1, 2]]), "1-D integer"),
     (torch.tensor([1.0, 2.0]), "1-D integer"),
 ])
-def test_a_bad_drafting_vocabulary_is_a_load_error_naming_the_file(tmp_path, token_ids, message):
-    with pytest.raises(ConfigError, match=f"{DRAFT_VOCAB_FILE}.*{message}"):
-        make_engine(eagle_dir=str(eagle_dir_with(tmp_path, token_ids)))
+def test_a_bad_drafting_vocabulary_is_a_load_error_naming_the_file(tmp_path, folder, parameter, token_ids, message):
+    with pytest.raises(ConfigError, match=f"{parameter}: {DRAFT_VOCAB_FILE}.*{message}"):
+        make_engine(**{parameter: str(drafter_dir_with(tmp_path, folder, token_ids))})

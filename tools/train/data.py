@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backend_src"))
 from overlap import OverlapReport, filter_conversations, read_records  # noqa: E402
+from specdec.drafters.loader import DRAFT_VOCAB_FILE  # noqa: E402
 
 HOLDOUT_EVERY = 50
 
@@ -83,6 +85,17 @@ def frequent_tokens(ds: Dataset, indexes: list[int], count: int) -> torch.Tensor
         np.add.at(counts, np.asarray(answer, dtype=np.int64), 1)
     top = np.argsort(-counts, kind="stable")[:count]
     return torch.from_numpy(np.sort(top))
+
+
+def save_draft_vocab(drafter_dir: Path, tokens: torch.Tensor) -> None:
+    """A drafter's drafting vocabulary (`draft_vocab.safetensors`, `token_ids`): the tokens
+    its training ranked over, which serving's drafting then scores alone
+    (`specdec.drafters.loader.draft_vocab`)."""
+    from safetensors.torch import save_file
+
+    drafter_dir.mkdir(parents=True, exist_ok=True)
+    save_file({"token_ids": tokens.to(torch.int64).contiguous()}, str(drafter_dir / DRAFT_VOCAB_FILE),
+              metadata={"format": "pt"})
 
 
 def coverage(ds: Dataset, indexes: list[int], tokens: torch.Tensor) -> float:

@@ -5,7 +5,9 @@ The draft model is the target's first `--layers` decoder layers, its final norm 
 self-distilled conversations (soft cross-entropy over the full vocabulary, on answer
 positions; the target's distribution comes from the cached features, `features.py`).
 The embeddings stay frozen: they are the target's, so setup can write them back
-(`tools/setup_model.py`) and the committed checkpoint holds only the layers and norm.
+(`tools/setup_model.py`) and the committed checkpoint holds only the layers and norm,
+with a drafting vocabulary (`--draft-vocab`, the most frequent answer tokens) whose rows
+of the LM head serving's drafting scores alone.
 
 Starting from the target's own layers rather than from random weights means the draft
 begins as an early exit of the target, which a few hundred thousand tokens on two CPU
@@ -31,7 +33,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import epoch_schedule, learning_rate, load_dataset, load_state, run_key  # noqa: E402
+from data import (epoch_schedule, frequent_tokens, learning_rate, load_dataset, load_state, run_key,  # noqa: E402
+                  save_draft_vocab)
 from features import build_features  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.layers import LlamaShape, causal_mask  # noqa: E402
@@ -74,19 +77,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", required=True, type=Path, nargs="+")
     ap.add_argument("--out", required=True, type=Path, help="the draft model's directory")
     ap.add_argument("--work", type=Path, default=Path(".cache/train/heads"),
-                    help="shares the feature cache with train_heads.py")
+                    help="the training state; its features/ is the default feature cache")
+    ap.add_argument("--features", type=Path, help="the feature cache train_heads.py filled for the same data "
+                    "(default: WORK/features)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--save-every", type=int, default=20)
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="write the N most frequent answer tokens as the drafting vocabulary serving scores "
+                    "(draft_vocab.safetensors; 0: none, drafting scores the full LM head)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
     ds = load_dataset(args.data, args.max_len)
-    fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.work / "features",
+    args.work.mkdir(parents=True, exist_ok=True)
+    fs = build_features(ds.conversations, ds.prompt_lens, args.base, args.features or args.work / "features",
                         log=lambda m: print(m, flush=True))
     base = LlamaModel.from_pretrained(args.base)
     base_cfg = json.loads((args.base / "config.json").read_text())
@@ -97,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = epoch_schedule(ds, args.batch_tokens, args.epochs, args.seed + 100)
     total = len(schedule)
-    key = run_key(ds, schedule, {k: v for k, v in vars(args).items() if k != "save_every"})
+    unkeyed = ("save_every", "features", "work", "draft_vocab")  # where and what beside: not what is trained
+    key = run_key(ds, schedule, {k: v for k, v in vars(args).items() if k not in unkeyed})
     state_path = args.work / "draft_state.pt"
     step, seen = 0, 0
     state = load_state(state_path, key)
@@ -146,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     save_draft(draft, cfg, args.out, dict(layers=args.layers, answer_tokens_seen=seen, conversations=len(ds.train),
                                           epochs=args.epochs, steps=total, lr=args.lr, seed=args.seed,
                                           initialised_from="the target's first layers, norm and embeddings"))
+    if args.draft_vocab:
+        save_draft_vocab(args.out, frequent_tokens(ds, ds.train, args.draft_vocab))
     print(f"saved to {args.out}", flush=True)
 
 

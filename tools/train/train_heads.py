@@ -14,7 +14,8 @@ All three learn from the frozen target's own features on self-distilled conversa
 Losses are taken where the predicted token belongs to the answer. The cross-entropies
 of EAGLE-1 and Medusa run over the `--train-vocab` most frequent answer tokens (the
 target's distribution renormalised over them): the full 49k-token LM head would cost
-more than everything else in the step. Serving uses the full LM head.
+more than everything else in the step. Those tokens are saved beside the EAGLE-1 and
+Medusa heads (`draft_vocab.safetensors`), and serving's drafting scores them alone.
 
 The heads are the engine's own modules (`specdec.models.*`), saved in the upstream
 layouts, less what setup derives from the target (`tools/setup_model.py`): Medusa's
@@ -23,7 +24,7 @@ head projections (the target's LM head, frozen here) are not written.
 Seeded and resumable: a state file in `--work` is written every `--save-every` steps;
 rerunning the same command goes on from it, and a state that another run left there
 (other data or settings) is refused rather than resumed. `--medusa-heads 0` trains
-and writes the EAGLE heads only. `--snapshots` saves the EAGLE heads after
+and writes the EAGLE heads only, `--medusa-only` the Medusa heads only. `--snapshots` saves the EAGLE heads after
 that many answer tokens (comma list), for the learning curve. `--init DIR` starts from
 the heads saved in DIR (a later round goes on from an earlier one's heads; EAGLE-3 keeps
 their draft vocabulary; answer tokens are counted on from theirs, and with `--snapshots`
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import (Dataset, batches, coverage, epoch_schedule, frequent_tokens, learning_rate,  # noqa: E402
-                  load_dataset, load_state, run_key)  # noqa: E402
+                  load_dataset, load_state, run_key, save_draft_vocab)  # noqa: E402
 from features import FeatureSet, build_features  # noqa: E402
 from specdec.drafters.loader import DRAFT_VOCAB_FILE  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
@@ -188,12 +189,13 @@ class Heads(torch.nn.Module):
             block.linear.bias.data.zero_()
 
 
-def load_initial(heads: Heads, init: Path) -> None:
+def load_initial(heads: Heads, init: Path, eagle: bool = True) -> None:
     """Loads the heads that `save_heads` wrote to `init` (the shared embeddings and Medusa's
-    projections, which are the target's, stay as `Heads` set them)."""
+    projections, which are the target's, stay as `Heads` set them); the EAGLE heads unless
+    `eagle` is False."""
     from safetensors.torch import load_file
 
-    for name, module in (("eagle", heads.eagle), ("eagle3", heads.eagle3)):
+    for name, module in (("eagle", heads.eagle), ("eagle3", heads.eagle3)) if eagle else ():
         state = load_file(str(init / name / "model.safetensors"))
         own = module.state_dict()
         missing, unexpected = module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items() if k in own},
@@ -206,9 +208,9 @@ def load_initial(heads: Heads, init: Path) -> None:
             block.load_state_dict({n: state[f"{k}.0.{n}"].float() for n in block.state_dict()})
 
 
-def tokens_seen_by(init: Path) -> int:
-    """The answer tokens (epochs counted) the heads in `init` were trained on."""
-    return int(json.loads((init / "eagle" / "training.json").read_text())["answer_tokens_seen"])
+def tokens_seen_by(init: Path, name: str = "eagle") -> int:
+    """The answer tokens (epochs counted) the heads in `init`/`name` were trained on."""
+    return int(json.loads((init / name / "training.json").read_text())["answer_tokens_seen"])
 
 
 def initial_draft_vocabulary(init: Path) -> torch.Tensor:
@@ -220,25 +222,26 @@ def initial_draft_vocabulary(init: Path) -> torch.Tensor:
 
 
 def holdout_scores(heads: Heads, fs: FeatureSet, ds: Dataset, lm_head, train_rows, draft_rows, batch_tokens: int,
-                   ttt_steps: int) -> dict:
+                   ttt_steps: int, eagle: bool = True) -> dict:
     """Top-1 agreement with the target on the held-out conversations: all of them, and the
     self-distilled ones alone (the target's own answers, what serving drafts for)."""
     own = ds.self_distilled(ds.holdout)
-    return {"all": _top1(heads, fs, ds, ds.holdout, lm_head, train_rows, draft_rows, batch_tokens, ttt_steps),
-            "self_distilled": _top1(heads, fs, ds, own, lm_head, train_rows, draft_rows, batch_tokens, ttt_steps)}
+    scores = lambda indexes: _top1(heads, fs, ds, indexes, lm_head, train_rows, draft_rows,  # noqa: E731
+                                   batch_tokens, ttt_steps, eagle)
+    return {"all": scores(ds.holdout), "self_distilled": scores(own)}
 
 
 @torch.no_grad()
 def _top1(heads: Heads, fs: FeatureSet, ds: Dataset, indexes: list[int], lm_head, train_rows, draft_rows,
-          batch_tokens: int, ttt_steps: int) -> dict:
+          batch_tokens: int, ttt_steps: int, eagle: bool) -> dict:
     """Top-1 agreement with the target on conversations `indexes`, weighted by their answer
-    tokens: EAGLE-1, EAGLE-3 per unrolled step, Medusa per head."""
+    tokens: EAGLE-1 and EAGLE-3 per unrolled step (unless `eagle` is False), Medusa per head."""
     sums, total = None, 0.0
     gen = torch.Generator().manual_seed(0)
     for group in batches(ds, indexes, batch_tokens, seed=0):
         ids, hidden, aux, weight = batch_tensors(fs, ds, group)
         _, (acc_e, acc_3, acc_m) = losses(heads, lm_head, train_rows, draft_rows, ids, hidden, aux, weight,
-                                          ttt_steps, gen, noise=0.0)
+                                          ttt_steps, gen, noise=0.0, eagle=eagle)
         scores = [acc_e] + acc_3 + acc_m
         n = float(weight.sum())
         sums = [n * a for a in scores] if sums is None else [t + n * a for t, a in zip(sums, scores)]
@@ -246,8 +249,9 @@ def _top1(heads: Heads, fs: FeatureSet, ds: Dataset, indexes: list[int], lm_head
     if not total:
         return {}
     mean = [round(t / total, 4) for t in sums]
-    return {"eagle": mean[0], "eagle3_per_step": mean[1: 1 + ttt_steps], "medusa_per_head": mean[1 + ttt_steps:],
-            "answer_tokens": int(total)}
+    steps = ttt_steps if eagle else 0
+    out = {"eagle": mean[0], "eagle3_per_step": mean[1: 1 + steps]} if eagle else {}
+    return dict(out, medusa_per_head=mean[1 + steps:], answer_tokens=int(total))
 
 
 def train_vocab_target(hidden: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
@@ -276,10 +280,14 @@ def batch_tensors(fs: FeatureSet, ds: Dataset, group: list[int]):
 
 
 def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_rows: torch.Tensor,
-           ids, hidden, aux, weight, ttt_steps: int, gen: torch.Generator, noise: float):
-    """The three losses of one batch, and top-1 agreement with the target per head."""
+           ids, hidden, aux, weight, ttt_steps: int, gen: torch.Generator, noise: float, eagle: bool = True):
+    """The three losses of one batch, and top-1 agreement with the target per head. With
+    `eagle` False only Medusa's: the EAGLE losses are zero and their agreements 0 and []."""
     B, T = ids.shape
     target = train_vocab_target(hidden, lm_head[train_rows])  # [B, T, V']
+    loss_m, acc_m = medusa_loss(heads, target, hidden, weight, lm_head[train_rows])
+    if not eagle:
+        return (torch.zeros(()), torch.zeros(()), loss_m), (0.0, [], acc_m)
     # EAGLE-1: row t reads (feature t, token t + 1) and predicts feature t + 1.
     n = T - 1
     noisy = hidden[:, :n] + (torch.rand(hidden[:, :n].shape, generator=gen) - 0.5) * (2 * noise)
@@ -292,15 +300,20 @@ def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_
     # EAGLE-3
     draft_target = torch.softmax(hidden @ draft_rows.T, dim=-1)
     loss_3, acc_3 = eagle3_ttt_loss(heads.eagle3, ids, aux, draft_target, weight, ttt_steps)
-    # Medusa: head k at row t proposes the token the target predicts at row t + 1 + k.
-    loss_m, acc_m = torch.zeros(()), []
-    rows = lm_head[train_rows]
-    for k, block in enumerate(heads.medusa):
-        m_logits = block(hidden) @ rows.T
-        tgt, w = shifted(target, 1 + k), shifted(weight, 1 + k)
-        loss_m = loss_m + (0.8 ** k) * soft_ce(m_logits, tgt, w)
-        acc_m.append((((m_logits.argmax(-1) == tgt.argmax(-1)).float() * w).sum() / w.sum().clamp(min=1)).item())
     return (loss_e, loss_3, loss_m), (acc_e.item(), acc_3, acc_m)
+
+
+def medusa_loss(heads: Heads, target: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                rows: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """Head k at row t proposes the token the target predicts at row t + 1 + k; target
+    [B, T, V'] is the target's distribution over the LM head's `rows` [V', H]."""
+    loss, acc = torch.zeros(()), []
+    for k, block in enumerate(heads.medusa):
+        logits = block(hidden) @ rows.T
+        tgt, w = shifted(target, 1 + k), shifted(weight, 1 + k)
+        loss = loss + (0.8 ** k) * soft_ce(logits, tgt, w)
+        acc.append((((logits.argmax(-1) == tgt.argmax(-1)).float() * w).sum() / w.sum().clamp(min=1)).item())
+    return loss, acc
 
 
 def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict, train_rows: torch.Tensor) -> None:
@@ -314,25 +327,17 @@ def save_heads(heads: Heads, base_cfg: dict, shape, out: Path, meta: dict, train
     names = ["eagle", "eagle3"]
     if len(heads.medusa):  # --medusa-heads 0: Medusa not trained here, its checkpoint left as it is
         names.append("medusa")
-        save_medusa(heads, shape, out / "medusa")
+        save_medusa(heads, shape, out / "medusa", train_rows)
     for name in names:
         (out / name / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def save_draft_vocab(eagle_dir: Path, train_rows: torch.Tensor) -> None:
-    """The EAGLE-1 head's drafting vocabulary: the tokens its cross-entropy ranked over,
-    which serving's EAGLE-1/2 drafting then scores alone (`specdec.drafters.eagle`)."""
+def save_medusa(heads: Heads, shape, medusa_dir: Path, train_rows: torch.Tensor) -> None:
+    """The residual blocks (setup adds the projections, the target's LM head) and the
+    tokens their cross-entropy ranked over, which serving's Medusa drafting scores."""
     from safetensors.torch import save_file
 
-    eagle_dir.mkdir(parents=True, exist_ok=True)
-    save_file({"token_ids": train_rows.to(torch.int64).contiguous()}, str(eagle_dir / DRAFT_VOCAB_FILE),
-              metadata={"format": "pt"})
-
-
-def save_medusa(heads: Heads, shape, medusa_dir: Path) -> None:
-    from safetensors.torch import save_file
-
-    medusa_dir.mkdir(parents=True, exist_ok=True)
+    save_draft_vocab(medusa_dir, train_rows)
     state = {f"{k}.0.{name}": t.detach().to(torch.float16).contiguous()
              for k, block in enumerate(heads.medusa) for name, t in block.state_dict().items()}
     save_file(state, str(medusa_dir / "medusa_resblocks.safetensors"), metadata={"format": "pt"})
@@ -353,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ttt-steps", type=int, default=4)
     ap.add_argument("--medusa-heads", type=int, default=4, help="0: train and write only the EAGLE heads")
+    ap.add_argument("--medusa-only", action="store_true",
+                    help="train and write only the Medusa heads (OUT/medusa; --init then reads only its medusa/)")
     ap.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3's draft vocabulary")
     ap.add_argument("--train-vocab", type=int, default=8192, help="tokens the EAGLE-1/Medusa losses rank over")
     ap.add_argument("--noise", type=float, default=0.1, help="EAGLE-1 input-feature noise, uniform in ±noise")
@@ -369,6 +376,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--features", type=Path, help="the feature cache (default: WORK/features); one cache serves "
                     "every round whose data appends to the last round's")
     args = ap.parse_args(argv)
+    if args.medusa_only and (args.medusa_heads < 1 or args.snapshots):
+        ap.error("--medusa-only needs --medusa-heads >= 1 and no --snapshots (they save the EAGLE heads)")
+    eagle = not args.medusa_only
 
     torch.manual_seed(args.seed)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -386,7 +396,8 @@ def main(argv: list[str] | None = None) -> None:
     base_cfg = json.loads((args.base / "config.json").read_text())
     lm_head = base.lm_head.weight.detach()
     train_rows = frequent_tokens(ds, ds.train, args.train_vocab)
-    draft_ids = initial_draft_vocabulary(args.init) if args.init else frequent_tokens(ds, ds.train, args.draft_vocab)
+    draft_ids = (initial_draft_vocabulary(args.init) if args.init and eagle
+                 else frequent_tokens(ds, ds.train, args.draft_vocab))
     print(f"train: {len(ds.train)} conversations, {fs.answer_tokens(ds.train)} answer tokens; holdout "
           f"{len(ds.holdout)}; train vocabulary covers {coverage(ds, ds.holdout, train_rows):.3f} and the draft "
           f"vocabulary {coverage(ds, ds.holdout, draft_ids):.3f} of held-out answer tokens (of the self-distilled "
@@ -394,9 +405,10 @@ def main(argv: list[str] | None = None) -> None:
 
     heads = Heads(base, base_cfg, draft_ids, args.medusa_heads)
     if args.init:
-        load_initial(heads, args.init)
+        load_initial(heads, args.init, eagle)
     draft_rows = lm_head[draft_ids]  # the target's LM head over the draft vocabulary
-    params = [p for p in heads.parameters() if p.requires_grad]
+    trained = (heads.eagle, heads.eagle3, heads.medusa) if eagle else (heads.medusa,)
+    params = [p for module in trained for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = epoch_schedule(ds, args.batch_tokens, args.epochs, args.seed)
     total = len(schedule)
@@ -405,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     snapshots = sorted(int(s) for s in args.snapshots.split(",") if s)
     state_path = args.work / "state.pt"
-    start_tokens = tokens_seen_by(args.init) if args.init else 0
+    start_tokens = tokens_seen_by(args.init, "eagle" if eagle else "medusa") if args.init else 0
     step, seen = 0, start_tokens
     state = None if args.score_only else load_state(state_path, key)
     if state is not None:
@@ -416,7 +428,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"resumed at step {step}/{total}", flush=True)
 
     def validate() -> dict:
-        return holdout_scores(heads, fs, ds, lm_head, train_rows, draft_rows, args.batch_tokens, args.ttt_steps)
+        return holdout_scores(heads, fs, ds, lm_head, train_rows, draft_rows, args.batch_tokens, args.ttt_steps,
+                              eagle)
 
     initial = validate() if state is None else state.get("initial_holdout", {})
     print(f"holdout top-1 before training: {initial}", flush=True)
@@ -431,9 +444,9 @@ def main(argv: list[str] | None = None) -> None:
             g["lr"] = learning_rate(step, total, args.lr)
         ids, hidden, aux, weight = batch_tensors(fs, ds, schedule[step])
         (loss_e, loss_3, loss_m), (acc_e, acc_3, acc_m) = losses(
-            heads, lm_head, train_rows, draft_rows, ids, hidden, aux, weight, args.ttt_steps, gen, args.noise)
+            heads, lm_head, train_rows, draft_rows, ids, hidden, aux, weight, args.ttt_steps, gen, args.noise, eagle)
         (loss_e + loss_3 + loss_m).backward()
-        for module in (heads.eagle, heads.eagle3, heads.medusa):
+        for module in trained:
             torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -459,7 +472,11 @@ def main(argv: list[str] | None = None) -> None:
                 overlap=ds.overlap.summary(), init=str(args.init) if args.init else None,
                 answer_tokens_this_run=seen - start_tokens,
                 holdout_top1_before=initial, holdout_top1_after=final)
-    save_heads(heads, base_cfg, base.shape, args.out, meta, train_rows)
+    if eagle:
+        save_heads(heads, base_cfg, base.shape, args.out, meta, train_rows)
+    else:
+        save_medusa(heads, base.shape, args.out / "medusa", train_rows)
+        (args.out / "medusa" / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"saved to {args.out}", flush=True)
 
 

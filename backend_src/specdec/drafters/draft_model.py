@@ -7,6 +7,11 @@ and bonus token of the last step: a catch-up), then extends a chain of
 from its own (temperature/top-k/top-p-processed) distribution otherwise, with those
 distributions returned as `draft_probs` so verification applies Leviathan et al.'s
 rule. Chain entries beyond the accepted prefix are simply overwritten later.
+
+With a drafting vocabulary (`draft_vocab`, the checkpoint's `draft_vocab.safetensors`)
+the draft model scores only those rows of its LM head, the most costly part of a small
+draft model's forward on a CPU; the other tokens get logit -inf, so greedy drafts and
+sampled drafts (and the `draft_probs` verification divides by) come from those rows alone.
 """
 from __future__ import annotations
 
@@ -34,8 +39,17 @@ class DraftModelState:
 class DraftModelDrafter:
     needs_aux = False
 
-    def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int):
+    def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int,
+                 draft_vocab: Optional[torch.Tensor] = None):
         self.model = model
+        # With a drafting vocabulary (draft_vocab [K] target ids): the LM head's rows for
+        # those tokens [K, H], and the ids themselves.
+        self.vocab_ids: Optional[torch.Tensor] = None
+        self.vocab_rows: Optional[torch.Tensor] = None
+        if draft_vocab is not None:
+            weight = model.lm_head.weight
+            self.vocab_ids = draft_vocab.to(device=weight.device, dtype=torch.long)
+            self.vocab_rows = weight.detach()[self.vocab_ids].contiguous()
         # Room after the context for the chain and a batched catch-up's padding, then
         # the spare positions of a CUDA graph's padding rows (graphs.py).
         self._spare_start = max_seq_len + 2 * BATCHED_CATCH_UP + 32
@@ -97,7 +111,15 @@ class DraftModelDrafter:
         last = hidden[torch.arange(B, device=device), meta[2]]
         for s, n in zip(states, lens):
             s.draft.draft_len += n
-        return self.model.logits(last)
+        return self._logits(last)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, H] -> logits [B, V] float32 (-inf outside a drafting vocabulary)."""
+        if self.vocab_rows is None:
+            return self.model.logits(hidden)
+        logits = torch.full((hidden.shape[0], self.model.shape.vocab_size), float("-inf"), device=hidden.device)
+        logits[:, self.vocab_ids] = torch.nn.functional.linear(hidden, self.vocab_rows).float()
+        return logits
 
     def _catch_up(self, states: list) -> torch.Tensor:
         """Feeds every request the tokens it has not seen; logits [B, V] after the last.

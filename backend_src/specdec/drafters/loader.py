@@ -24,8 +24,9 @@ from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 
 
-# In an EAGLE-1/2 head's folder (not an upstream file): the tokens its drafting scores
-# (`token_ids`, [K] int64), the most frequent answer tokens of its training data
+# In an EAGLE-1/2 head's, the Medusa heads' or the draft model's folder (not an upstream
+# file): the tokens its drafting scores (`token_ids`, [K] int64), the most frequent answer
+# tokens of the training data (FR-Spec). Without it a drafter scores the full LM head.
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 
@@ -45,7 +46,7 @@ def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int, slots:
         if config.eagle_dir:
             head = EagleHead.from_pretrained(config.eagle_dir, config.base_model_dir, dtype, device)
             drafter = EagleDrafter(head, target, slots, max_len, _score_temperature(config, config.eagle_dir),
-                                   draft_vocab(config.eagle_dir, target.shape.vocab_size))
+                                   draft_vocab(config.eagle_dir, "eagle_dir", target.shape.vocab_size))
             out.drafters["eagle"] = out.drafters["eagle2"] = drafter
             out.trees["eagle"] = _tree(config.eagle_choices, "eagle_choices", 16)
         if config.eagle3_dir:
@@ -59,14 +60,16 @@ def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int, slots:
         if config.medusa_dir:
             heads = MedusaHeads.from_pretrained(config.medusa_dir, target.shape.hidden_size,
                                                 target.shape.vocab_size, dtype, device)
-            out.drafters["medusa"] = MedusaDrafter(heads)
+            out.drafters["medusa"] = MedusaDrafter(
+                heads, draft_vocab(config.medusa_dir, "medusa_dir", target.shape.vocab_size))
             out.medusa_heads = len(heads)
             out.trees["medusa"] = _tree(config.medusa_choices, "medusa_choices", len(heads))
         if config.draft_model_dir:
             if read_config(config.draft_model_dir).get("vocab_size") != target.shape.vocab_size:
                 raise ConfigError("draft_model_dir: the draft model's vocabulary differs from the base model's")
             model = LlamaModel.from_pretrained(config.draft_model_dir, dtype, device)
-            out.drafters["draft_model"] = DraftModelDrafter(model, slots, max_len)
+            out.drafters["draft_model"] = DraftModelDrafter(
+                model, slots, max_len, draft_vocab(config.draft_model_dir, "draft_model_dir", target.shape.vocab_size))
     except (KeyError, ValueError, OSError) as e:
         raise ConfigError(f"cannot load a drafter: {type(e).__name__}: {e}") from None
     return out
@@ -79,15 +82,15 @@ def _tree(spec: str, name: str, max_depth: int):
         raise ConfigError(f"parameter {name!r}: {e}") from None
 
 
-def draft_vocab(head_dir: str, vocab_size: int) -> Optional[torch.Tensor]:
-    """The head's drafting vocabulary (ascending target ids), or None (the full LM head)
-    when its folder has no DRAFT_VOCAB_FILE."""
+def draft_vocab(head_dir: str, parameter: str, vocab_size: int) -> Optional[torch.Tensor]:
+    """The drafter's drafting vocabulary (ascending target ids), or None (the full LM head)
+    when its folder (the config's `parameter`) has no DRAFT_VOCAB_FILE."""
     from safetensors.torch import load_file
 
     path = Path(head_dir) / DRAFT_VOCAB_FILE
     if not path.is_file():
         return None
-    where = f"eagle_dir: {DRAFT_VOCAB_FILE}"
+    where = f"{parameter}: {DRAFT_VOCAB_FILE}"
     try:
         ids = load_file(str(path)).get("token_ids")
     except Exception as e:  # safetensors raises its own error types on a damaged file

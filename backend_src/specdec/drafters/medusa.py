@@ -4,6 +4,11 @@ Per request the drafter keeps the target's final hidden state at the last accept
 node. Head k's top-k tokens fill the tree's depth-(k + 1) nodes: a node with choice
 path [.., r] at depth d takes the r-th best token of head d - 1. No drafter KV cache:
 the heads are position-free MLPs, so there is nothing to compact.
+
+With a drafting vocabulary (`draft_vocab`, the checkpoint's `draft_vocab.safetensors`:
+the tokens the heads were trained to rank) each head scores only those rows of its
+projection: every head's projection is as large as the target's LM head, so on a CPU
+the full ones cost most of a target forward per step. Verification is unchanged.
 """
 from __future__ import annotations
 
@@ -25,8 +30,24 @@ class MedusaState:
 class MedusaDrafter:
     needs_aux = False
 
-    def __init__(self, heads: MedusaHeads):
+    def __init__(self, heads: MedusaHeads, draft_vocab: Optional[torch.Tensor] = None):
         self.heads = heads
+        # With a drafting vocabulary (draft_vocab [K] target ids): each head's projection
+        # rows for those tokens, [num_heads, K, H], and the ids themselves.
+        self.vocab_ids: Optional[torch.Tensor] = None
+        self.vocab_rows: Optional[torch.Tensor] = None
+        if draft_vocab is not None:
+            weight = heads.projection(0)
+            self.vocab_ids = draft_vocab.to(device=weight.device, dtype=torch.long)
+            self.vocab_rows = torch.stack([heads.projection(k).detach()[self.vocab_ids]
+                                           for k in range(len(heads))]).contiguous()
+
+    def _top(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """Each head's k best target ids for hidden [B, H]: [num_heads, B, k]."""
+        if self.vocab_rows is None:
+            return self.heads(hidden).topk(k, dim=-1).indices
+        logits = torch.bmm(self.heads.features(hidden), self.vocab_rows.transpose(1, 2))  # [num_heads, B, K]
+        return self.vocab_ids[logits.topk(k, dim=-1).indices]
 
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = MedusaState(hidden[-1])
@@ -46,7 +67,7 @@ class MedusaDrafter:
         tree = settings[0].choices
         parents, depth, rank = tree.nodes(states[0].draft.last_hidden.device)
         hidden = torch.stack([s.draft.last_hidden for s in states])  # [B, H]
-        top = self.heads(hidden).topk(tree.max_rank + 1, dim=-1).indices  # [K, B, kmax]
+        top = self._top(hidden, tree.max_rank + 1)  # [num_heads, B, kmax]
         # Node i (i > 0) takes top[depth[i] - 1, b, rank[i]]; node 0, the root, is
         # written by the engine.
         tokens = top[(depth - 1).clamp(min=0), :, rank].transpose(0, 1)  # [B, N]

@@ -46,6 +46,15 @@ class MedusaHeads(nn.ModuleList):
         """hidden: [..., H] -> logits [num_heads, ..., V] float32."""
         return torch.stack([head(hidden) for head in self]).float()
 
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [..., H] -> each head's residual blocks' output [num_heads, ..., H], what
+        its vocabulary projection (`projection(k)`) reads."""
+        return torch.stack([head[:-1](hidden) for head in self])
+
+    def projection(self, k: int) -> torch.Tensor:
+        """Head k's vocabulary projection weight [V, H]."""
+        return self[k][-1].weight
+
     @staticmethod
     def from_pretrained(directory: str | Path, hidden: int, vocab: int, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "MedusaHeads":
