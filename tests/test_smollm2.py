@@ -101,14 +101,16 @@ def test_the_target_answers_in_english(plain):
         assert len(set(words)) >= 0.5 * len(words), f"repetitive answer: {text!r}"
 
 
-def test_eagle_drafts_over_a_vocabulary_that_can_end_the_turn(engine64):
-    """The shipped EAGLE-1/2 head drafts over 8,192 frequent answer tokens (its
-    `draft_vocab.safetensors`); the end of turn is one of them, or no draft could
-    propose it."""
+def test_drafters_draft_over_a_vocabulary_that_can_end_the_turn(engine64):
+    """The shipped EAGLE-1/2 head, Medusa heads and draft model draft over the same 8,192
+    frequent answer tokens (each folder's `draft_vocab.safetensors`); the end of turn is
+    one of them, or no draft could propose it."""
     drafter = engine64.drafters["eagle2"]
     assert drafter.vocab_d2t is not None
-    ids = (drafter.vocab_d2t + torch.arange(len(drafter.vocab_d2t))).tolist()
-    assert len(ids) == len(set(ids)) == 8192 and END_ID in ids
+    ids = drafter.vocab_d2t + torch.arange(len(drafter.vocab_d2t))
+    assert len(ids) == len(set(ids.tolist())) == 8192 and END_ID in ids.tolist()
+    for method in ("medusa", "draft_model"):
+        assert torch.equal(engine64.drafters[method].vocab_ids, ids), method
 
 
 @pytest.mark.parametrize("method,tree", TREES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TREES)])
