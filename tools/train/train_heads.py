@@ -284,8 +284,9 @@ def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_
     """The three losses of one batch, and top-1 agreement with the target per head. With
     `eagle` False only Medusa's: the EAGLE losses are zero and their agreements 0 and []."""
     B, T = ids.shape
-    target = train_vocab_target(hidden, lm_head[train_rows])  # [B, T, V']
-    loss_m, acc_m = medusa_loss(heads, target, hidden, weight, lm_head[train_rows])
+    rows = lm_head[train_rows]  # [V', H]: the LM head over the training vocabulary
+    target = train_vocab_target(hidden, rows)  # [B, T, V']
+    loss_m, acc_m = medusa_loss(heads, target, hidden, weight, rows)
     if not eagle:
         return (torch.zeros(()), torch.zeros(()), loss_m), (0.0, [], acc_m)
     # EAGLE-1: row t reads (feature t, token t + 1) and predicts feature t + 1.
@@ -294,7 +295,7 @@ def losses(heads: Heads, lm_head: torch.Tensor, train_rows: torch.Tensor, draft_
     pred = heads.eagle(ids[:, 1:], noisy, torch.arange(n)[None].expand(B, n), causal_mask(B, n, "cpu")[:, None])
     w1 = weight[:, 1:]
     reg = (F.smooth_l1_loss(pred, hidden[:, 1:], reduction="none").mean(-1) * w1).sum() / w1.sum().clamp(min=1)
-    e_logits = pred @ lm_head[train_rows].T
+    e_logits = pred @ rows.T
     loss_e = reg + 0.1 * soft_ce(e_logits, target[:, 1:], w1)
     acc_e = ((e_logits.argmax(-1) == target[:, 1:].argmax(-1)).float() * w1).sum() / w1.sum().clamp(min=1)
     # EAGLE-3
