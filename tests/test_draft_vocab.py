@@ -79,3 +79,14 @@ def test_drafts_come_from_the_drafting_vocabulary_and_output_stays_exact(tmp_pat
 def test_a_bad_drafting_vocabulary_is_a_load_error_naming_the_file(tmp_path, folder, parameter, token_ids, message):
     with pytest.raises(ConfigError, match=f"{parameter}: {DRAFT_VOCAB_FILE}.*{message}"):
         make_engine(**{parameter: str(drafter_dir_with(tmp_path, folder, token_ids))})
+
+
+def test_medusa_keeps_only_the_drafting_vocabularys_rows(tmp_path):
+    """With the file, each Medusa head's projection holds the vocabulary's K rows alone
+    (the full ones are freed at load), and its logits are the full head's at those ids."""
+    vocab = half_of_the_active_tokens()
+    full = make_engine(dtype="float64").drafters["medusa"].heads
+    heads = make_engine(dtype="float64", medusa_dir=str(drafter_dir_with(tmp_path, "medusa", vocab))).drafters["medusa"].heads
+    assert [tuple(head[-1].weight.shape) for head in heads] == [(len(vocab), full[0][-1].in_features)] * len(full)
+    hidden = torch.randn(5, full[0][-1].in_features, dtype=torch.float64)  # [B, H]
+    torch.testing.assert_close(heads(hidden), full(hidden)[..., vocab], rtol=0, atol=0)

@@ -21,10 +21,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 import setup_model  # noqa: E402
 import train_draft  # noqa: E402
 import train_heads  # noqa: E402
+from data import HOLDOUT_EVERY  # noqa: E402
 from engine_helpers import request, run_batch  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
 from specdec.drafters.loader import DRAFT_VOCAB_FILE  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
+from specdec.models.llama import LlamaModel  # noqa: E402
 
 
 def _conversations(path: Path, count: int, seed: int = 0) -> Path:
@@ -312,3 +314,49 @@ def test_standard_library_code_conversations_are_seeded_python_and_clear_of_the_
         assert tok.decode(r["input_ids"][: r["prompt_len"]]).endswith("<|im_start|>assistant\n")
     kept, report = filter_conversations(records)
     assert len(kept) == len(records) > 100 and report.dropped == []
+
+
+def test_the_draft_models_holdout_scores_are_recorded_and_score_only_repeats_them(run):
+    """Training records the draft's top-1 agreement on held-out conversations, before (the
+    target's first layers) and after (as saved); --score-only reads the saved model and
+    writes the same scores again."""
+    tmp, family, _, draft = run
+    data = _conversations(tmp / "draft_scored.jsonl", 60, seed=5)  # 60: one is held out
+    out = tmp / "draft_scored"
+    args = ["--base", str(family / "base"), "--data", str(data), "--work", str(tmp / "work_draft_scored"),
+            "--seed", "0", "--out", str(out), "--layers", "1", "--batch-tokens", "256"]
+    train_draft.main(args)
+    meta = json.loads((out / "training.json").read_text())
+    held_out = len(_answers(data)[HOLDOUT_EVERY - 1])
+    for when in ("holdout_top1_before", "holdout_top1_after"):
+        scores = meta[when]["all"]
+        assert scores["answer_tokens"] == held_out  # the held-out conversation's every answer token
+        assert 0 <= scores["full_vocabulary"] <= 1 and 0 <= scores["drafting_vocabulary"] <= 1
+    (out / "training.json").write_text(json.dumps({"steps": meta["steps"]}))
+    train_draft.main(args + ["--score-only"])
+    again = json.loads((out / "training.json").read_text())
+    assert again == {"steps": meta["steps"], "holdout_top1_before": meta["holdout_top1_before"],
+                     "holdout_top1_after": meta["holdout_top1_after"]}
+
+
+def test_the_holdout_score_of_the_target_as_its_own_draft_is_one(run):
+    """The score compares argmaxes: the target drafting for itself agrees everywhere over
+    the full vocabulary, and over a drafting vocabulary exactly where its argmax is in it."""
+    tmp, family, _, _ = run
+    ds = train_draft.load_dataset([_conversations(tmp / "self_scored.jsonl", 150, seed=6)], 1024)
+    target = LlamaModel.from_pretrained(family / "base")
+    V = target.shape.vocab_size
+    scores = train_draft.holdout_top1(target, target, ds, torch.arange(V), 256)["all"]
+    assert scores["full_vocabulary"] == scores["drafting_vocabulary"] == 1.0
+    ids, answer = train_draft.conversation_batch(ds, ds.holdout)
+    argmax = target.logits(train_draft.hidden_states(target, ids)[answer]).argmax(-1)
+    most = int(argmax.mode().values)  # the vocabulary without the target's most frequent argmax
+    scores = train_draft.holdout_top1(target, target, ds, torch.tensor([t for t in range(V) if t != most]), 256)["all"]
+    assert scores["full_vocabulary"] == 1.0
+    assert scores["drafting_vocabulary"] == round(float((argmax != most).float().mean()), 4) < 1.0
+
+
+def _answers(path: Path) -> list[list[int]]:
+    """Each conversation's answer tokens, in file order."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r["input_ids"][r["prompt_len"]:] for r in rows]

@@ -6,9 +6,10 @@ path [.., r] at depth d takes the r-th best token of head d - 1. No drafter KV c
 the heads are position-free MLPs, so there is nothing to compact.
 
 With a drafting vocabulary (`draft_vocab`, the checkpoint's `draft_vocab.safetensors`:
-the tokens the heads were trained to rank) each head scores only those rows of its
-projection: every head's projection is as large as the target's LM head, so on a CPU
-the full ones cost most of a target forward per step. Verification is unchanged.
+the tokens the heads were trained to rank) each head keeps only those rows of its
+projection, and the full ones are freed at load: every head's projection is as large
+as the target's LM head, so on a CPU the full ones cost most of a target forward per
+step. Verification is unchanged.
 """
 from __future__ import annotations
 
@@ -31,23 +32,19 @@ class MedusaDrafter:
     needs_aux = False
 
     def __init__(self, heads: MedusaHeads, draft_vocab: Optional[torch.Tensor] = None):
+        # With a drafting vocabulary (draft_vocab [K] target ids) the heads keep only
+        # those rows of their projections (`MedusaHeads.keep_rows`) and output [.., K];
+        # `vocab_ids` maps their columns back to target ids.
         self.heads = heads
-        # With a drafting vocabulary (draft_vocab [K] target ids): each head's projection
-        # rows for those tokens, [num_heads, K, H], and the ids themselves.
         self.vocab_ids: Optional[torch.Tensor] = None
-        self.vocab_rows: Optional[torch.Tensor] = None
         if draft_vocab is not None:
-            weight = heads.projection(0)
-            self.vocab_ids = draft_vocab.to(device=weight.device, dtype=torch.long)
-            self.vocab_rows = torch.stack([heads.projection(k).detach()[self.vocab_ids]
-                                           for k in range(len(heads))]).contiguous()
+            heads.keep_rows(draft_vocab)
+            self.vocab_ids = draft_vocab.to(device=heads[0][-1].weight.device, dtype=torch.long)
 
     def _top(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """Each head's k best target ids for hidden [B, H]: [num_heads, B, k]."""
-        if self.vocab_rows is None:
-            return self.heads(hidden).topk(k, dim=-1).indices
-        logits = torch.bmm(self.heads.features(hidden), self.vocab_rows.transpose(1, 2))  # [num_heads, B, K]
-        return self.vocab_ids[logits.topk(k, dim=-1).indices]
+        top = self.heads(hidden).topk(k, dim=-1).indices  # columns of the heads' outputs
+        return top if self.vocab_ids is None else self.vocab_ids[top]
 
     def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         state.draft = MedusaState(hidden[-1])
