@@ -54,11 +54,14 @@ def test_aiperf_commands_per_endpoint(tmp_path):
     assert f"payload_template:{apc.TRITON_TEMPLATE}" in triton and "response_field:text_output" in triton
     assert "--url http://host:8000" in joined and "--streaming" in triton and "--concurrency 1" in joined
     assert "min_tokens:32" in triton and "temperature:0.0" in triton and "--isl 16" in joined
+    # a concurrency run paces its polling (AIPerf alone would busy-poll a core for a free slot)
+    assert f"--request-rate {apc.POLL_RATE} --arrival-pattern constant" in joined
     openai = apc.aiperf_command(_args(input_file="p.jsonl", deterministic=False, no_streaming=True), venv,
                                 "openai", "host", ("request_rate", "0.5"), tmp_path / "b")
     joined = " ".join(openai)
     assert "-m speculative_decoding --url http://host:9000 --endpoint-type chat" in joined
     assert "--input-file p.jsonl --custom-dataset-type single_turn" in joined and "--request-rate 0.5" in joined
+    assert joined.count("--request-rate") == 1
     assert "--streaming" not in openai and not any(a.startswith("min_tokens") for a in openai)
 
 

@@ -170,6 +170,16 @@ def templated_prompts(input_file: Path, tokenizer_dir: str, out: Path) -> Path:
     return out
 
 
+# AIPerf 0.13.0 at a fixed concurrency alone polls for a free slot without sleeping
+# (`RequestRateStrategy.execute_phase` yields to its event loop and retries at once), so
+# its timing manager holds a whole core for the run: on a 2-core machine serving on both
+# cores, that halved the server (a 128-token plain-decoding request had not returned
+# after 90 s). Niceness does not help across the kernel's per-session autogroups. With a
+# request rate beside the concurrency it polls at that rate instead: a slot that frees
+# waits at most 1 / POLL_RATE s for its next request.
+POLL_RATE = "20"
+
+
 def aiperf_command(args: argparse.Namespace, venv: Path, endpoint: str, host: str, stimulus: tuple[str, str],
                    artifact_dir: Path) -> list[str]:
     kind, value = stimulus
@@ -177,6 +187,8 @@ def aiperf_command(args: argparse.Namespace, venv: Path, endpoint: str, host: st
            "--artifact-dir", str(artifact_dir), "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry",
            "--random-seed", str(args.random_seed), f"--{kind.replace('_', '-')}", value,
            "--osl", str(args.output_tokens), "--request-count", str(args.request_count)]
+    if kind == "concurrency":
+        cmd += ["--request-rate", POLL_RATE, "--arrival-pattern", "constant"]
     if endpoint == "triton":
         route = "generate_stream" if not args.no_streaming else "generate"
         cmd += ["-m", args.triton_model, "--url", f"http://{host}:{args.http_port}", "--endpoint-type", "template",
