@@ -101,12 +101,12 @@ def hidden_states(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def holdout_top1(draft: LlamaModel, target: LlamaModel, ds: Dataset, draft_vocab: torch.Tensor,
+def holdout_top1(draft: LlamaModel, target: LlamaModel, ds: Dataset, vocab_ids: torch.Tensor,
                  batch_tokens: int) -> dict:
     """The draft's top-1 agreement with the target on the held-out answer tokens: all of
     them and the self-distilled ones (the target's own answers, what serving drafts for),
-    each over the full vocabulary and over `draft_vocab` [K] (serving's drafting picks
-    the best of those alone)."""
+    each over the full vocabulary and over the drafting vocabulary `vocab_ids` [K]
+    (serving's drafting picks the best of those alone)."""
     def score(indexes: list[int]) -> dict:
         hits = torch.zeros(2)
         total = 0
@@ -115,7 +115,7 @@ def holdout_top1(draft: LlamaModel, target: LlamaModel, ds: Dataset, draft_vocab
             expected = target.logits(hidden_states(target, ids)[answer]).argmax(-1)  # [n]
             logits = draft.logits(hidden_states(draft, ids)[answer])  # [n, V]
             hits[0] += (logits.argmax(-1) == expected).sum()
-            hits[1] += (draft_vocab[logits[:, draft_vocab].argmax(-1)] == expected).sum()
+            hits[1] += (vocab_ids[logits[:, vocab_ids].argmax(-1)] == expected).sum()
             total += len(expected)
         full, reduced = (hits / max(total, 1)).tolist()
         return {"answer_tokens": total, "full_vocabulary": round(full, 4), "drafting_vocabulary": round(reduced, 4)}
