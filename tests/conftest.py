@@ -44,6 +44,19 @@ import family  # noqa: E402
 import triton_env  # noqa: E402
 
 TOKENIZER_DIR = family.BASE_DIR  # SmolLM2's tokenizer (tools/setup_model.py)
+
+
+def pytest_configure(config):
+    """The engine's tests draft for HumanEval prompts and the benchmarks' read all four EAGLE
+    question sets, which the repository does not carry: without them the run stops here,
+    saying where they go, instead of failing test by test with "no such file"."""
+    from dataset_converter import data_dir, question_set_path
+    from overlap import QUESTION_SETS
+
+    missing = [question_set_path(name).name for name in QUESTION_SETS if not question_set_path(name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"the EAGLE question sets {', '.join(missing)} are not in {data_dir()}: put them "
+                                "there (../shared/data beside the repository) or set SPECDEC_DATA_DIR to their folder")
 E2E_BASE_ENV = os.environ.get("SPECDEC_E2E_BASE")
 FAMILY_ENV = os.environ.get("SPECDEC_TEST_FAMILY")
 E2E_LIMITS = {"max_tokens_limit": "64", "max_seq_len": "128", "triton_max_batch_size": "8"}

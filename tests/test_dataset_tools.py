@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -46,6 +47,18 @@ def test_all_four_question_sets_are_present():
         "eagle_alpaca_question.jsonl", "eagle_gsm8k_question.jsonl",
         "eagle_humaneval_question.jsonl", "eagle_mt_bench_question.jsonl",
     ]
+
+
+def test_without_the_question_sets_the_suite_stops_saying_where_they_go(tmp_path):
+    """A clone without ../shared/data gets one usage error naming the folder and
+    SPECDEC_DATA_DIR, not dozens of failing tests."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_choices.py"],
+                         cwd=REPO, env={**os.environ, "SPECDEC_DATA_DIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=300)
+    said = run.stdout + run.stderr
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, said
+    assert f"eagle_humaneval_question.jsonl, eagle_mt_bench_question.jsonl, eagle_gsm8k_question.jsonl, " \
+           f"eagle_alpaca_question.jsonl are not in {tmp_path}" in said and "SPECDEC_DATA_DIR" in said
 
 
 @pytest.mark.parametrize("path", QUESTION_SETS, ids=[p.stem for p in QUESTION_SETS])
