@@ -167,6 +167,19 @@ def test_usage_is_exact_on_the_token_model(served, call, tokenizer):
 
 @pytest.mark.parametrize("name", ALL_MODELS)
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_usage_counts_the_generated_tokens_on_text_models_too(served, name, stream):
+    """The text models send `num_output_tokens` with each response, so usage is the count
+    generated, not the text re-encoded (which differs by a token or two: the 80-token
+    answer of a SmolLM2 chat request re-encoded to 81)."""
+    model, client = _model(served, name), served.client()
+    for max_tokens in (7, 23):
+        _, finish, usage = _chat(client, model, stream, max_tokens=max_tokens, temperature=0,
+                                 extra_body={"min_tokens": max_tokens})
+        assert (usage.completion_tokens, finish) == (max_tokens, "length")
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_stop_strings_end_the_text_before_them(served, name, stream):
     model, client = _model(served, name), served.client()
     text = _complete(client, model, False, max_tokens=40, temperature=0, extra_body={"min_tokens": 40})[0]

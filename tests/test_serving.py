@@ -80,6 +80,8 @@ def test_streaming_responses_carry_context_and_final_flag():
     assert last["output_ids"].tolist() == [[[12]]] and last["context_ids"].tolist() == [[[10, 11]]]
     assert last["is_final"][0, 0] and last["sequence_length"].tolist() == [[1]]
     assert last["acceptance_rate"].tolist() == [[0.75]] and last["total_draft_tokens"].tolist() == [[4]]
+    assert [first["num_output_tokens"].tolist(), last["num_output_tokens"].tolist()] == [[[2]], [[1]]]
+    assert last["num_output_tokens"].dtype == np.uint32
 
 
 def test_non_streaming_collects_everything_with_the_prompt():
@@ -87,6 +89,7 @@ def test_non_streaming_collects_everything_with_the_prompt():
     assert b.add(_step([10])) is None
     out = b.add(_step([11], finished=True))
     assert out["output_ids"].tolist() == [[[1, 2, 10, 11]]] and out["sequence_length"].tolist() == [[4]]
+    assert out["num_output_tokens"].tolist() == [[2]]  # generated tokens: the prompt never counts
     assert out["context_ids"].shape == (1, 1, 0) and out["is_final"][0, 0]
 
 

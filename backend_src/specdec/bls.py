@@ -52,7 +52,8 @@ _PASSED = ("temperature", "seed", "min_tokens", "min_length", "repetition_penalt
 _METRICS = ("cum_log_probs", "output_log_probs", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
             "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
-            "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")  # through postprocessing
+            "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+            "num_output_tokens")  # through postprocessing
 
 STEPS = (
     Step("preprocessing",

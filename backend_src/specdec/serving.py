@@ -229,6 +229,9 @@ class ResponseBuilder:
             "acceptance_rate": _one(stats.acceptance_rate if stats else 0.0, np.float32),
             "total_accepted_draft_tokens": _one(stats.total_accepted_draft_tokens if stats else 0, np.int32),
             "total_draft_tokens": _one(stats.total_draft_tokens if stats else 0, np.int32),
+            # generated tokens in this response (the prompt never counts): the vLLM
+            # backend's output of this name, which OpenAI front ends read for `usage`
+            "num_output_tokens": _one(len(self.pending), np.uint32),
         }
         self.sent.extend(self.pending)
         self.pending, self.pending_log_probs = [], []

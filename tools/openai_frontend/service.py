@@ -5,9 +5,11 @@ Owns the rules that tie the other modules together:
 - a chat prompt is the tokenizer's chat template over the messages; `prompt_tokens`
   counts it as the model sees it (token models: the ids sent; text models: encoded
   as their preprocessing encodes it);
-- `completion_tokens` is exact for token models (the ids returned); text models return
-  text only, so there it is the text re-encoded, which can differ by a few tokens
-  (and log-probs, which need each token, are refused for them);
+- `completion_tokens` is exact for token models (the ids returned) and for text models
+  that say how many tokens each response holds (`num_output_tokens`, the vLLM backend's
+  output, which this repository's `ensemble` and `tensorrt_llm_bls` send); for other
+  text models it is the text re-encoded, which can differ by a few tokens (and
+  log-probs, which need each token, are refused for text models);
 - `finish_reason` is "stop" for a stop string, end of turn or end token, "length" when
   max_tokens (or the context) ran out;
 - a generation ends early by closing its stream: on a stop string the front door saw
@@ -54,8 +56,9 @@ class Output:
         self.max_context = max_context
         self.matcher = StopMatcher(call.gen.stop) if call.gen.stop else None
         self.detok = tokenizer.detokenizer() if call.target.kind == TOKENS else None
-        self.raw = []  # every text piece received (text models: re-encoded for the count)
-        self.n_tokens = 0
+        self.raw = []  # every text piece received (text models without num_output_tokens: re-encoded for the count)
+        self.n_tokens = 0  # token models: ids received; text models: num_output_tokens received
+        self.counted = False  # a text model sent num_output_tokens
         self.text = ""  # visible text so far
         self._entries: list[TokenLogProb] = []  # log-probs not yet sent
         self._raw_chars = 0  # token text offsets (log-prob entries)
@@ -76,6 +79,9 @@ class Output:
                     self._raw_chars += len(token)
         else:
             piece_text = piece.text
+            if piece.num_tokens is not None:
+                self.n_tokens += piece.num_tokens
+                self.counted = True
         self.raw.append(piece_text)
         visible = self.matcher.feed(piece_text) if self.matcher else piece_text
         if piece.final and self.matcher:
@@ -91,7 +97,9 @@ class Output:
         return ready
 
     def completion_tokens(self) -> int:
-        return self.n_tokens if self.detok is not None else self.tokenizer.count("".join(self.raw))
+        if self.detok is not None or self.counted:
+            return self.n_tokens
+        return self.tokenizer.count("".join(self.raw))
 
     def finish_reason(self) -> str:
         if self.stopped:

@@ -95,6 +95,7 @@ class Piece:
     token_ids: Sequence[int] = ()
     log_probs: Sequence[float] = ()
     final: bool = False
+    num_tokens: Optional[int] = None  # TEXT: the tokens behind `text`, when the model says (num_output_tokens)
 
 
 def csv_word(word: str) -> str:
@@ -136,7 +137,7 @@ def build_inputs(target: TargetModel, values: dict[str, Any]) -> dict[str, np.nd
 def wanted_outputs(target: TargetModel, log_probs: bool) -> list[str]:
     """The outputs a generation reads: Triton then sends only these (an ensemble declares
     many more, and every streamed response would carry them all)."""
-    names = ["text_output"] if target.kind == TEXT else ["output_ids", "sequence_length"]
+    names = ["text_output", "num_output_tokens"] if target.kind == TEXT else ["output_ids", "sequence_length"]
     if log_probs:
         names.append("output_log_probs")
     return [n for n in names if n in target.outputs]
@@ -150,7 +151,9 @@ def response_piece(target: TargetModel, get, final: bool) -> Piece:
         out = get("text_output")
         text = "" if out is None else "".join(
             t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in out.reshape(-1))
-        return Piece(text=text, log_probs=log_probs, final=final)
+        count = get("num_output_tokens")
+        num_tokens = int(count.reshape(-1)[0]) if count is not None and count.size else None
+        return Piece(text=text, log_probs=log_probs, final=final, num_tokens=num_tokens)
     ids = get("output_ids")
     ids = [] if ids is None else ids.reshape(-1).tolist()
     length = get("sequence_length")

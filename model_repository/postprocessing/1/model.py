@@ -43,6 +43,7 @@ _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT
     ("ACCEPTANCE_RATE", np.float32, (1,)),
     ("TOTAL_ACCEPTED_DRAFT_TOKENS", np.int32, (1,)),
     ("TOTAL_DRAFT_TOKENS", np.int32, (1,)),
+    ("NUM_OUTPUT_TOKENS", np.uint32, (1,)),
     ("BATCH_INDEX", np.int32, (1,)),
     ("SEQUENCE_INDEX", np.int32, (1,)),
     ("KV_CACHE_ALLOC_NEW_BLOCKS", np.int32, (1,)),
