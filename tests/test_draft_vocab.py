@@ -86,7 +86,8 @@ def test_medusa_keeps_only_the_drafting_vocabularys_rows(tmp_path):
     (the full ones are freed at load), and its logits are the full head's at those ids."""
     vocab = half_of_the_active_tokens()
     full = make_engine(dtype="float64").drafters["medusa"].heads
-    heads = make_engine(dtype="float64", medusa_dir=str(drafter_dir_with(tmp_path, "medusa", vocab))).drafters["medusa"].heads
+    kept = make_engine(dtype="float64", medusa_dir=str(drafter_dir_with(tmp_path, "medusa", vocab)))
+    heads = kept.drafters["medusa"].heads
     assert [tuple(head[-1].weight.shape) for head in heads] == [(len(vocab), full[0][-1].in_features)] * len(full)
     hidden = torch.randn(5, full[0][-1].in_features, dtype=torch.float64)  # [B, H]
     torch.testing.assert_close(heads(hidden), full(hidden)[..., vocab], rtol=0, atol=0)

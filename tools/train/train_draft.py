@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = epoch_schedule(ds, args.batch_tokens, args.epochs, args.seed + 100)
     total = len(schedule)
-    unkeyed = ("save_every", "features", "work", "draft_vocab", "score_only")  # where and what beside: not what is trained
+    # where and what beside: not what is trained
+    unkeyed = ("save_every", "features", "work", "draft_vocab", "score_only")
     key = run_key(ds, schedule, {k: v for k, v in vars(args).items() if k not in unkeyed})
     state_path = args.work / "draft_state.pt"
     step, seen = 0, 0
@@ -237,8 +238,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"step {step}/{total} tokens {seen} loss {loss.item():.3f} top1 {acc:.2f} | "
                   f"{(time.time() - t0) / 60:.1f} min", flush=True)
         if step % args.save_every == 0 or step == total:
-            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "seen": seen, "run_key": key,
-                        "initial_holdout": initial}, state_path)
+            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "seen": seen,
+                        "run_key": key, "initial_holdout": initial}, state_path)
     save_draft(draft, cfg, args.out, dict(layers=args.layers, answer_tokens_seen=seen, conversations=len(ds.train),
                                           epochs=args.epochs, steps=total, lr=args.lr, seed=args.seed,
                                           initialised_from="the target's first layers, norm and embeddings"))
