@@ -44,6 +44,9 @@ import family  # noqa: E402
 import triton_env  # noqa: E402
 
 TOKENIZER_DIR = family.BASE_DIR  # SmolLM2's tokenizer (tools/setup_model.py)
+E2E_BASE_ENV = os.environ.get("SPECDEC_E2E_BASE")
+FAMILY_ENV = os.environ.get("SPECDEC_TEST_FAMILY")
+E2E_LIMITS = {"max_tokens_limit": "64", "max_seq_len": "128", "triton_max_batch_size": "8"}
 
 
 def pytest_configure(config):
@@ -57,9 +60,6 @@ def pytest_configure(config):
     if missing:
         raise pytest.UsageError(f"the EAGLE question sets {', '.join(missing)} are not in {data_dir()}: put them "
                                 "there (../shared/data beside the repository) or set SPECDEC_DATA_DIR to their folder")
-E2E_BASE_ENV = os.environ.get("SPECDEC_E2E_BASE")
-FAMILY_ENV = os.environ.get("SPECDEC_TEST_FAMILY")
-E2E_LIMITS = {"max_tokens_limit": "64", "max_seq_len": "128", "triton_max_batch_size": "8"}
 
 
 @pytest.fixture(scope="session")
