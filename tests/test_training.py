@@ -346,12 +346,13 @@ def test_the_holdout_score_of_the_target_as_its_own_draft_is_one(run):
     ds = train_draft.load_dataset([_conversations(tmp / "self_scored.jsonl", 150, seed=6)], 1024)
     target = LlamaModel.from_pretrained(family / "base")
     V = target.shape.vocab_size
-    scores = train_draft.holdout_top1(target, target, ds, torch.arange(V), 256)["all"]
+    reference = train_draft.holdout_reference(target, ds, 256)
+    scores = train_draft.holdout_top1(target, reference, torch.arange(V))["all"]
     assert scores["full_vocabulary"] == scores["drafting_vocabulary"] == 1.0
     ids, answer = train_draft.conversation_batch(ds, ds.holdout)
     argmax = target.logits(train_draft.hidden_states(target, ids)[answer]).argmax(-1)
     most = int(argmax.mode().values)  # the vocabulary without the target's most frequent argmax
-    scores = train_draft.holdout_top1(target, target, ds, torch.tensor([t for t in range(V) if t != most]), 256)["all"]
+    scores = train_draft.holdout_top1(target, reference, torch.tensor([t for t in range(V) if t != most]))["all"]
     assert scores["full_vocabulary"] == 1.0
     assert scores["drafting_vocabulary"] == round(float((argmax != most).float().mean()), 4) < 1.0
 

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -100,26 +101,51 @@ def hidden_states(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
     return hidden
 
 
+@dataclass
+class HoldoutBatch:
+    """A batch of held-out conversations and what the draft is scored against there."""
+
+    ids: torch.Tensor  # [B, T] token ids, right-padded
+    answer: torch.Tensor  # [B, T] positions whose next token is an answer token
+    own: torch.Tensor  # [n] per answer position: its conversation's answer is the target's own
+    expected: torch.Tensor  # [n] the target's argmax at each answer position
+
+
 @torch.no_grad()
-def holdout_top1(draft: LlamaModel, target: LlamaModel, ds: Dataset, vocab_ids: torch.Tensor,
-                 batch_tokens: int) -> dict:
-    """The draft's top-1 agreement with the target on the held-out answer tokens: all of
-    them and the self-distilled ones (the target's own answers, what serving drafts for),
-    each over the full vocabulary and over the drafting vocabulary `vocab_ids` [K]
-    (serving's drafting picks the best of those alone)."""
-    def score(indexes: list[int]) -> dict:
-        hits = torch.zeros(2)
-        total = 0
-        for group in batches(ds, indexes, batch_tokens, seed=0):
-            ids, answer = conversation_batch(ds, group)
-            expected = target.logits(hidden_states(target, ids)[answer]).argmax(-1)  # [n]
-            logits = draft.logits(hidden_states(draft, ids)[answer])  # [n, V]
-            hits[0] += (logits.argmax(-1) == expected).sum()
-            hits[1] += (vocab_ids[logits[:, vocab_ids].argmax(-1)] == expected).sum()
-            total += len(expected)
-        full, reduced = (hits / max(total, 1)).tolist()
-        return {"answer_tokens": total, "full_vocabulary": round(full, 4), "drafting_vocabulary": round(reduced, 4)}
-    return {"all": score(ds.holdout), "self_distilled": score(ds.self_distilled(ds.holdout))}
+def holdout_reference(target: LlamaModel, ds: Dataset, batch_tokens: int) -> list[HoldoutBatch]:
+    """The held-out conversations in batches, with the target's argmax at their answer
+    positions: computed once, for every score of a run."""
+    own = set(ds.self_distilled(ds.holdout))
+    out = []
+    for group in batches(ds, ds.holdout, batch_tokens, seed=0):
+        ids, answer = conversation_batch(ds, group)
+        rows_own = torch.tensor([c in own for c in group])[:, None].expand_as(answer)[answer]
+        expected = target.logits(hidden_states(target, ids)[answer]).argmax(-1)
+        out.append(HoldoutBatch(ids, answer, rows_own, expected))
+    return out
+
+
+@torch.no_grad()
+def holdout_top1(draft: LlamaModel, reference: list[HoldoutBatch], vocab_ids: torch.Tensor) -> dict:
+    """The draft's top-1 agreement with the target on the held-out answer tokens
+    (`holdout_reference`): all of them and the self-distilled ones (the target's own
+    answers, what serving drafts for), each over the full vocabulary and over the drafting
+    vocabulary `vocab_ids` [K] (serving's drafting picks the best of those alone)."""
+    hits = {"all": torch.zeros(2), "self_distilled": torch.zeros(2)}
+    totals = {"all": 0, "self_distilled": 0}
+    for batch in reference:
+        logits = draft.logits(hidden_states(draft, batch.ids)[batch.answer])  # [n, V]
+        right = torch.stack([logits.argmax(-1) == batch.expected,
+                             vocab_ids[logits[:, vocab_ids].argmax(-1)] == batch.expected])  # [2, n]
+        for split, keep in (("all", slice(None)), ("self_distilled", batch.own)):
+            hits[split] += right[:, keep].sum(-1)
+            totals[split] += int(right[:, keep].shape[1])
+    scores = {}
+    for split, total in totals.items():
+        full, reduced = (hits[split] / max(total, 1)).tolist()
+        scores[split] = {"answer_tokens": total, "full_vocabulary": round(full, 4),
+                         "drafting_vocabulary": round(reduced, 4)}
+    return scores
 
 
 def load_saved_draft(draft: LlamaModel, out: Path) -> None:
@@ -186,7 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     vocab = frequent_tokens(ds, ds.train, args.draft_vocab or 8192)
     if args.score_only and (args.out / DRAFT_VOCAB_FILE).is_file():  # what serving drafts over
         vocab = draft_vocab(str(args.out), "--out", base.shape.vocab_size)
-    validate = lambda: holdout_top1(draft, base, ds, vocab, args.batch_tokens)  # noqa: E731
+    reference: list[HoldoutBatch] = []  # the target's side of every score, once
+
+    def validate() -> dict:
+        if not reference:
+            reference.extend(holdout_reference(base, ds, args.batch_tokens))
+        return holdout_top1(draft, reference, vocab)
     if args.score_only:
         score_saved(args.out, draft, validate)
         return
