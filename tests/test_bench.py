@@ -198,3 +198,24 @@ def test_reports_carry_no_machine_paths():
     leaks = [f.name for f in (root / "docs" / "bench").iterdir()
              if f.suffix in (".json", ".md", ".txt", ".log") and any(m in f.read_text() for m in machine)]
     assert leaks == []
+
+
+def test_load_footprint_loads_medusa_with_and_without_its_drafting_vocabulary(tmp_path, capsys):
+    """Each configuration loads in its own process; without the file the heads keep their
+    full-vocabulary projections, with it only the vocabulary's rows."""
+    import load_footprint
+    import torch
+    from safetensors.torch import save_file
+
+    family = tmp_path / "family"
+    family.mkdir()
+    (family / "base").symlink_to(FAMILY / "base")
+    shutil.copytree(FAMILY / "medusa", family / "medusa")
+    save_file({"token_ids": torch.arange(0, 64, 2)}, str(family / "medusa" / load_footprint.DRAFT_VOCAB_FILE))
+    report = tmp_path / "footprint.md"
+    assert load_footprint.main(["--family", str(family), "--repeats", "1", "--markdown", str(report)]) == 0
+    kept, full = [int(line.split(" | ")[3].strip(" |").replace(",", ""))  # "with" first, then "without"
+                  for line in report.read_text().splitlines() if line.startswith("| with")]
+    heads = json.loads((FAMILY / "medusa" / "config.json").read_text())["medusa_num_heads"]
+    base = json.loads((FAMILY / "base" / "config.json").read_text())
+    assert full - kept == heads * (base["vocab_size"] - 32) * base["hidden_size"]  # 32 of the rows kept
