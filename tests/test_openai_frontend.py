@@ -220,6 +220,54 @@ def test_seeded_sampling_repeats(served):
     assert runs[0] == runs[1]
 
 
+
+def _choices(client, stream, **kw) -> tuple[list[str], object]:
+    """(each choice's text by index, usage) of one completions request, streamed or not."""
+    if not stream:
+        r = client.completions.create(**kw)
+        assert [c.index for c in r.choices] == list(range(len(r.choices)))
+        return [c.text for c in r.choices], r.usage
+    texts, finished, usage = {}, [], None
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason:
+                finished.append(choice.index)
+    assert sorted(finished) == sorted(texts) == list(range(len(texts)))  # each choice ends once
+    return [texts[i] for i in range(len(texts))], usage
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_n_choices_and_several_prompts_answer_like_single_requests(served, name, stream):
+    """Choice j of a seeded request equals a single request with seed + j; at
+    temperature 0 every choice of a prompt is that prompt's greedy answer."""
+    model, client = _model(served, name), served.client()
+    other = "A river is"
+    single = {(p, seed): _choices(client, False, model=model, prompt=p, max_tokens=10, temperature=1.0, seed=seed,
+                                  extra_body={"min_tokens": 10})[0][0]
+              for p in (PROMPT, other) for seed in (21, 22, 23)}
+    texts, usage = _choices(client, stream, model=model, prompt=[PROMPT, other], n=3, max_tokens=10,
+                            temperature=1.0, seed=21, extra_body={"min_tokens": 10})
+    assert texts == [single[(p, seed)] for p in (PROMPT, other) for seed in (21, 22, 23)]
+    assert len(set(texts[:3])) > 1  # the choices differ
+    assert usage.completion_tokens == 60
+    greedy, _ = _choices(client, stream, model=model, prompt=PROMPT, n=2, max_tokens=10, temperature=0)
+    assert greedy == [_complete(client, model, False, max_tokens=10, temperature=0)[0]] * 2
+
+
+def test_token_id_prompts_and_echo(served, tokenizer):
+    client = served.client()
+    ids = tokenizer.encode(PROMPT)  # as the front door encodes the text prompt
+    by_text = _complete(client, "speculative_decoding", False, max_tokens=10, temperature=0)[0]
+    r = client.completions.create(model="speculative_decoding", prompt=ids, max_tokens=10, temperature=0, echo=True)
+    echoed = tokenizer.decode(ids, skip_special_tokens=True)
+    assert r.choices[0].text == echoed + by_text and r.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError) as e:  # text models take text
+        client.completions.create(model="ensemble", prompt=ids, max_tokens=4)
+    assert e.value.param == "prompt"
+
 @pytest.mark.parametrize("name", CANCELLABLE)
 def test_a_client_that_drops_its_stream_frees_the_engine_slot(served, name):
     model, client = _model(served, name), served.client()
@@ -247,7 +295,7 @@ def test_a_client_that_drops_its_stream_frees_the_engine_slot(served, name):
 
 
 BAD = [  # (endpoint, request fields, the field the 400 names)
-    ("chat", {"n": 2}, "n"),
+    ("chat", {"n": 200}, "n"),
     ("chat", {"temperature": -1}, "temperature"),
     ("chat", {"top_p": 0}, "top_p"),
     ("chat", {"max_tokens": 0}, "max_tokens"),
@@ -261,10 +309,12 @@ BAD = [  # (endpoint, request fields, the field the 400 names)
     ("chat", {"extra_body": {"speculative_method": "warp"}}, "speculative_method"),
     ("chat", {"extra_body": {"eagle_total_tokens": 0}}, "eagle_total_tokens"),
     ("chat", {"extra_body": {"top_k": "many"}}, "top_k"),
-    ("completions", {"n": 2}, "n"),
+    ("completions", {"n": 0}, "n"),
+    ("completions", {"prompt": [PROMPT] * 50, "n": 3}, "n"),
     ("completions", {"logprobs": 3}, "logprobs"),
-    ("completions", {"echo": True}, "echo"),
-    ("completions", {"prompt": [[1, 2, 3]]}, "prompt"),
+    ("completions", {"echo": True, "logprobs": 0}, "echo"),
+    ("completions", {"prompt": [[1, -2, 3]]}, "prompt"),
+    ("completions", {"prompt": [[10 ** 9]]}, "prompt"),
     ("completions", {"max_tokens": "many"}, "max_tokens"),
 ]
 

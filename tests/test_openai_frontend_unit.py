@@ -55,11 +55,18 @@ def test_fields_are_read():
     assert gen.speculative == {"speculative_method": "eagle2", "eagle_total_tokens": 16}
     assert gen.messages[0]["content"] == "a\nb"
     gen = parse_request({**TEXT_BODY, "prompt": ["one"], "logprobs": 0, "stop": ["a", "b", "a"]}, COMPLETIONS)
-    assert gen.prompt == "one" and gen.logprobs and gen.stop == ("a", "b")
+    assert gen.prompts == ("one",) and gen.logprobs and gen.stop == ("a", "b") and (gen.n, gen.echo) == (1, False)
+    # the API's four prompt forms; n and best_of == n; echo
+    for prompt, want in [("a", ("a",)), (["a", "b"], ("a", "b")), ([5, 0, 7], ((5, 0, 7),)),
+                         ([[1, 2], [3]], ((1, 2), (3,))), (["a", [4]], ("a", (4,)))]:
+        gen = parse_request({**TEXT_BODY, "prompt": prompt, "n": 2, "best_of": 2, "echo": True}, COMPLETIONS)
+        assert (gen.prompts, gen.n, gen.echo) == (want, 2, True)
 
 
 BAD_FIELDS = [  # (endpoint, body changes, the param named)
-    (CHAT, {"n": 2}, "n"),
+    (CHAT, {"n": 0}, "n"),
+    (CHAT, {"n": 129}, "n"),
+    (CHAT, {"n": "two"}, "n"),
     (CHAT, {"temperature": -0.5}, "temperature"),
     (CHAT, {"temperature": "hot"}, "temperature"),
     (CHAT, {"top_p": 0}, "top_p"),
@@ -92,14 +99,21 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (CHAT, {"repetition_penalty": 0}, "repetition_penalty"),
     (CHAT, {"ignore_eos": 1}, "ignore_eos"),
     (COMPLETIONS, {"prompt": None}, "prompt"),
-    (COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
-    (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
+    (COMPLETIONS, {"prompt": [1, -2, 3]}, "prompt"),
+    (COMPLETIONS, {"prompt": [1, True]}, "prompt"),
+    (COMPLETIONS, {"prompt": []}, "prompt"),
+    (COMPLETIONS, {"prompt": [[]]}, "prompt"),
+    (COMPLETIONS, {"prompt": ["a", ""]}, "prompt"),
+    (COMPLETIONS, {"prompt": ["a", 3]}, "prompt"),
+    (COMPLETIONS, {"prompt": {"text": "a"}}, "prompt"),
     (COMPLETIONS, {"prompt": ""}, "prompt"),
+    (COMPLETIONS, {"prompt": ["a"] * 65, "n": 2}, "n"),
     (COMPLETIONS, {"logprobs": 2}, "logprobs"),
-    (COMPLETIONS, {"echo": True}, "echo"),
+    (COMPLETIONS, {"echo": True, "logprobs": 0}, "echo"),
+    (COMPLETIONS, {"echo": "yes"}, "echo"),
     (COMPLETIONS, {"suffix": "end"}, "suffix"),
     (COMPLETIONS, {"best_of": 2}, "best_of"),
-    (COMPLETIONS, {"n": 3}, "n"),
+    (COMPLETIONS, {"best_of": 1, "n": 3}, "best_of"),
     (COMPLETIONS, {"max_tokens": "many"}, "max_tokens"),
 ]
 
@@ -253,7 +267,8 @@ def test_a_token_model_answer_is_exact(front_tokenizer):
     prompt = front_tokenizer.hf.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                                     add_generation_prompt=True)
     prompt_ids = front_tokenizer.hf.encode(prompt, add_special_tokens=False)
-    assert body["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+    assert body["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": n,
+                             "total_tokens": len(prompt_ids) + n}
     sent = frontend.client.requests[0]
     assert sent["input_ids"].tolist() == [prompt_ids] and sent["end_id"].tolist() == [[front_tokenizer.eos_id]]
     content = body["choices"][0]["logprobs"]["content"]
@@ -311,6 +326,82 @@ def test_refusals_come_before_any_chunk(front_tokenizer):
     assert e.value.status == 404 and e.value.code == "model_not_found"
 
 
+
+def scripted_by_seed(tokenizer, texts, delays=None):
+    """A script that answers the request seeded k with texts[k], one token per piece,
+    each piece after delays[k] seconds."""
+    def script(arrays):
+        seed = int(arrays["random_seed" if "random_seed" in arrays else "seed"].item())
+        return ScriptedStream(token_pieces(tokenizer, texts[seed], 1), delay_s=(delays or {}).get(seed, 0.0))
+    return script
+
+
+def test_n_choices_and_several_prompts_are_one_request_each(front_tokenizer):
+    texts = {10: "alpha beta gamma", 11: "one two", 12: "red green blue yellow"}
+    frontend = make_frontend(front_tokenizer, scripted_by_seed(front_tokenizer, texts))
+    ids = front_tokenizer.hf.encode("Count:", add_special_tokens=False)
+    body = run(frontend.complete(parse_request(
+        {**TEXT_BODY, "model": "speculative_decoding", "prompt": ["Say:", ids], "n": 3, "seed": 10, "echo": True,
+         "stop": " gamma", "max_tokens": 50}, COMPLETIONS)))
+    sent = frontend.client.requests
+    assert [a["random_seed"].item() for a in sent] == [10, 11, 12] * 2  # choice j samples with seed + j
+    prompt_ids = front_tokenizer.prompt_ids("Say:", templated=False)
+    assert [a["input_ids"].tolist()[0] for a in sent] == [prompt_ids] * 3 + [ids] * 3
+    echoes = ["Say:"] * 3 + [front_tokenizer.decode(ids)] * 3
+    answers = ["alpha beta", "one two", "red green blue yellow"] * 2
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert [c["text"] for c in body["choices"]] == [e + a for e, a in zip(echoes, answers)]
+    assert [c["finish_reason"] for c in body["choices"]] == ["stop"] * 6
+    generated = sum(len(front_tokenizer.hf.encode(t, add_special_tokens=False)) for t in texts.values())
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids) + len(ids)  # each prompt once
+    assert body["usage"]["completion_tokens"] == 2 * generated  # every choice's tokens, " gamma" too
+    assert all(stream.closed for stream in frontend.client.streams)
+    with pytest.raises(OpenAIError) as e:  # a text model takes no token ids
+        frontend.prepare(parse_request({**TEXT_BODY, "model": "ensemble", "prompt": ids}, COMPLETIONS))
+    assert e.value.param == "prompt" and "speculative_decoding" in e.value.message
+    with pytest.raises(OpenAIError) as e:  # an id the tokenizer does not have
+        frontend.prepare(parse_request({**TEXT_BODY, "model": "speculative_decoding",
+                                        "prompt": [1, len(front_tokenizer.hf)]}, COMPLETIONS))
+    assert e.value.param == "prompt" and "vocabulary" in e.value.message
+
+
+def test_streamed_choices_interleave_and_each_ends_once(front_tokenizer):
+    texts = {0: "the slow one has many words in it", 1: "fast", 2: "a middle answer"}
+    delays = {0: 0.02, 1: 0.0, 2: 0.01}
+    frontend = make_frontend(front_tokenizer, scripted_by_seed(front_tokenizer, texts, delays))
+    chunks = run(collect(frontend.chunks(parse_request(
+        {**CHAT_BODY, "model": "speculative_decoding", "n": 3, "seed": 0, "stream": True, "max_tokens": 50,
+         "stream_options": {"include_usage": True}}, CHAT))))
+    assert chunks[-1]["choices"] == [] and all(len(c["choices"]) == 1 for c in chunks[:-1])
+    assert len({c["id"] for c in chunks}) == 1
+    order = [c["choices"][0]["index"] for c in chunks[:-1]]
+    assert order != sorted(order)  # they interleave
+    for k, text in texts.items():
+        mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == k]
+        assert mine[0]["delta"]["role"] == "assistant" and not any("role" in m["delta"] for m in mine[1:])
+        assert "".join(m["delta"].get("content", "") for m in mine) == text
+        assert [m["finish_reason"] for m in mine] == [None] * (len(mine) - 1) + ["stop"]
+    count = sum(len(front_tokenizer.hf.encode(t, add_special_tokens=False)) for t in texts.values())
+    assert chunks[-1]["usage"]["completion_tokens"] == count
+
+
+def test_an_error_in_one_choice_closes_the_others(front_tokenizer):
+    def script(arrays):
+        if arrays["random_seed"].item() == 1:
+            return ScriptedStream([Piece(token_ids=[5])], error=triton_error("internal error: boom"), delay_s=0.05)
+        return ScriptedStream(token_pieces(front_tokenizer, "word " * 100, 1), delay_s=0.02)
+
+    for stream in (False, True):
+        frontend = make_frontend(front_tokenizer, script)
+        gen = parse_request({**TEXT_BODY, "model": "speculative_decoding", "n": 3, "seed": 0, "stream": stream,
+                             "max_tokens": 64}, COMPLETIONS)
+        with pytest.raises(OpenAIError) as e:
+            run(frontend.complete(gen) if not stream else collect(frontend.chunks(gen)))
+        assert e.value.status == 500 and "boom" in e.value.message
+        streams = frontend.client.streams
+        assert len(streams) == 3 and all(s.closed for s in streams)
+        assert streams[0].cancelled and streams[2].cancelled  # stopped mid-answer
+
 # -- the web layer ----------------------------------------------------------------------------
 @contextmanager
 def serving(frontend, api_key=None):
@@ -365,7 +456,7 @@ def test_errors_are_openai_json(front_tokenizer):
     with serving(frontend) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": "hi"}], n=2)
+            client.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": "hi"}], n=200)
         assert e.value.param == "n" and e.value.type == "invalid_request_error"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="nope", prompt="hi")
@@ -400,21 +491,23 @@ def test_a_client_that_goes_away_cancels_its_stream(front_tokenizer):
     frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(pieces, delay_s=0.02))
     with serving(frontend) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-        for stream_it in (True, False):
+        for stream_it, choices in ((True, 1), (False, 1), (True, 3), (False, 3)):
             n = len(frontend.client.streams)
             if stream_it:
-                stream = client.chat.completions.create(model="ensemble", stream=True,
+                stream = client.chat.completions.create(model="ensemble", stream=True, n=choices,
                                                         messages=[{"role": "user", "content": "hi"}])
                 next(iter(stream)), next(iter(stream))
                 stream.close()
             else:
                 with pytest.raises(openai.APITimeoutError):
-                    client.with_options(timeout=0.3).completions.create(model="ensemble", prompt="hi")
+                    client.with_options(timeout=0.3).completions.create(model="ensemble", prompt="hi", n=choices)
             deadline = time.monotonic() + 5
-            while not (len(frontend.client.streams) > n and frontend.client.streams[-1].closed):
-                assert time.monotonic() < deadline, "the stream was not closed"
+            mine = frontend.client.streams[n:]
+            while not (len(mine) == choices and all(s.closed for s in mine)):
+                assert time.monotonic() < deadline, "a stream was not closed"
                 time.sleep(0.05)
-            assert frontend.client.streams[-1].cancelled
+                mine = frontend.client.streams[n:]
+            assert all(s.cancelled for s in mine)
 
 
 # -- startup ----------------------------------------------------------------------------------

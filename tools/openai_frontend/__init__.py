@@ -11,6 +11,7 @@ its in-process server. Modules, each owning one thing:
     stops.py         stop strings on streamed text
     responses.py     OpenAI's answer, chunk, usage and log-prob JSON
     service.py       one request end to end (no HTTP)
+    merge.py         a request's choices, each on its own stream, read as one
     app.py           the aiohttp web layer (routes, API key, SSE)
     server.py        the command line
 

@@ -7,30 +7,34 @@ Triton: `service.py` turns a `Generation` into a Triton request.
 
 Fields, per endpoint (anything else in the body is ignored, as vLLM does):
 
-    both     model, max_tokens, temperature, top_p, seed, stop, n (1 only), stream,
+    both     model, max_tokens, temperature, top_p, seed, stop, n, stream,
              stream_options.include_usage, presence_penalty, frequency_penalty,
              logit_bias (empty only)
     chat     messages, max_completion_tokens (wins over max_tokens), logprobs (bool),
              top_logprobs (0 only), tools (none), response_format (text only)
-    text     prompt (a string, or a list of one string), logprobs (0 only: the sampled
-             token's log-probability), echo (false only), suffix (none), best_of (1 only)
+    text     prompt (a string, a list of token ids, or a list of either: one answer per
+             prompt), logprobs (0 only: the sampled token's log-probability), echo (not
+             with logprobs), suffix (none), best_of (n only)
     extra    top_k, min_tokens, repetition_penalty, ignore_eos (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens
 
 OpenAI's defaults apply: temperature 1 and top_p 1 when absent (the ensemble's own
-default is greedy; clients that want greedy send temperature 0).
+default is greedy; clients that want greedy send temperature 0). `n` choices per prompt,
+and the prompts of one completions request, are at most `MAX_CHOICES` together.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from specdec.request import METHODS
 
 CHAT, COMPLETIONS = "chat.completions", "completions"
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_CHOICES = 128  # OpenAI's limit on n; here on prompts x n of one request
+Prompt = Union[str, tuple[int, ...]]  # text, or token ids
 
 
 class OpenAIError(Exception):
@@ -59,14 +63,17 @@ class Generation:
     """One validated OpenAI request, in the ensemble's terms.
 
     `sampling` and `speculative` map ensemble input names to values and hold only what
-    the client set (plus OpenAI's temperature/top_p defaults); `prompt` is set for
-    completions, `messages` (role and text content) for chat.
+    the client set (plus OpenAI's temperature/top_p defaults); `prompts` are set for
+    completions, `messages` (role and text content) for chat. Every prompt gets `n`
+    choices.
     """
 
     endpoint: str  # CHAT | COMPLETIONS
     model: str
-    prompt: Optional[str] = None
+    prompts: tuple[Prompt, ...] = ()
     messages: tuple[dict, ...] = ()
+    n: int = 1
+    echo: bool = False  # completions: each choice's text starts with its prompt
     max_tokens: Optional[int] = None  # None: the server's default
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -145,7 +152,7 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     if not model:
         raise bad_field("model", "is required")
 
-    _only(body, "n", (1,), "only 1 choice per request is supported")
+    n = _int(body, "n", lo=1, hi=MAX_CHOICES) or 1
     _only(body, "logit_bias", ({},), "logit_bias is not supported")
     stream = bool(_bool(body, "stream"))
     include_usage = False
@@ -158,7 +165,7 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         include_usage = bool(_bool(options, "include_usage"))
 
     if endpoint == CHAT:
-        prompt, messages = None, _messages(body)
+        prompts, messages, echo = (), _messages(body), False
         _only(body, "top_logprobs", (0,), "top alternatives are not returned (the sampled token's "
                                           "log-probability is, with logprobs: true)")
         if body.get("tools"):
@@ -173,15 +180,23 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         else:
             _int(body, "max_tokens", lo=1)  # still type-checked
     else:
-        prompt, messages = _prompt(body), ()
+        prompts, messages = _prompts(body), ()
+        if len(prompts) * n > MAX_CHOICES:
+            raise bad_field("n", f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices, more than "
+                                 f"the {MAX_CHOICES} one request may ask for")
         logprobs_n = _int(body, "logprobs", lo=0)
         if logprobs_n not in (None, 0):
             raise bad_field("logprobs", "top alternatives are not returned: use 0 (the sampled "
                                         f"token's log-probability), got {logprobs_n}")
         logprobs = logprobs_n == 0
-        _only(body, "echo", (False,), "echo is not supported")
+        echo = bool(_bool(body, "echo"))
+        if echo and logprobs:
+            raise bad_field("echo", "echo with logprobs is not supported (the prompt's log-probabilities "
+                                    "are not returned)")
         _only(body, "suffix", ("",), "suffix is not supported")
-        _only(body, "best_of", (1,), "only best_of 1 is supported")
+        best_of = _int(body, "best_of", lo=1)
+        if best_of is not None and best_of != n:
+            raise bad_field("best_of", f"must equal n ({n}): every sampled choice is returned, got {best_of}")
         max_tokens = _int(body, "max_tokens", lo=1)
 
     sampling: dict[str, Any] = {
@@ -210,7 +225,7 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         "num_draft_tokens": _int(body, "num_draft_tokens", lo=0),
     }
     return Generation(
-        endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+        endpoint=endpoint, model=model, prompts=prompts, messages=messages, n=n, echo=echo, max_tokens=max_tokens,
         stop=_stop(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
         ignore_eos=bool(_bool(body, "ignore_eos")), sampling=sampling,
         speculative={k: v for k, v in speculative.items() if v is not None})
@@ -228,18 +243,34 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(dict.fromkeys(words))
 
 
-def _prompt(body: dict) -> str:
+def _prompts(body: dict) -> tuple[Prompt, ...]:
+    """The completions prompt(s), in the API's four forms: a string, a list of strings,
+    a list of token ids, or a list of lists of token ids."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]  # the API's batch form, with one prompt
     if prompt is None:
         raise bad_field("prompt", "is required")
-    if not isinstance(prompt, str):
-        raise bad_field("prompt", "must be a string or a list of one string (token-id prompts and "
-                                  "several prompts per request are not supported)")
-    if not prompt:
-        raise bad_field("prompt", "must not be empty")
-    return prompt
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise bad_field("prompt", "must be a string, a non-empty list of token ids (integers >= 0), or a "
+                                  f"non-empty list of either, got {_short(prompt)}")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise bad_field("prompt", "must not be empty" if len(prompts) == 1 else f"[{i}] must not be empty")
+    return tuple(p if isinstance(p, str) else tuple(p) for p in prompts)
+
+
+def _token_ids(value: Any) -> bool:
+    """A non-empty list of integers >= 0 (bools are not token ids)."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _messages(body: dict) -> tuple[dict, ...]:

@@ -57,28 +57,29 @@ class Shapes:
     def _logprobs(self, entries: Sequence[TokenLogProb]):
         return logprobs_json(self.endpoint, entries) if self.logprobs else None
 
-    def answer(self, text: str, finish_reason: str, use: dict, entries: Sequence[TokenLogProb] = ()) -> dict:
-        """The whole (non-streamed) answer."""
+    def choice(self, index: int, text: str, finish_reason: str, entries: Sequence[TokenLogProb] = ()) -> dict:
+        """One choice of a whole (non-streamed) answer."""
         if self.endpoint == CHAT:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
+            return {"index": index, "message": {"role": "assistant", "content": text},
+                    "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
+
+    def answer(self, choices: list[dict], use: dict) -> dict:
+        """The whole (non-streamed) answer, its `choices` from `choice()`."""
+        body = self._envelope("chat.completion" if self.endpoint == CHAT else "text_completion", choices)
         body["usage"] = use
         return body
 
-    def chunk(self, text: str, entries: Sequence[TokenLogProb] = (), finish_reason: Optional[str] = None,
+    def chunk(self, index: int, text: str, entries: Sequence[TokenLogProb] = (), finish_reason: Optional[str] = None,
               first: bool = False) -> dict:
-        """One stream chunk; `first` (chat) opens the assistant's message."""
+        """One stream chunk of choice `index`; `first` (chat) opens the assistant's message."""
         if self.endpoint == CHAT:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(entries) if entries else None,
+            choice = {"index": index, "delta": delta, "logprobs": self._logprobs(entries) if entries else None,
                       "finish_reason": finish_reason}
             body = self._envelope("chat.completion.chunk", [choice])
         else:
-            choice = {"index": 0, "text": text, "logprobs": self._logprobs(entries) if entries else None,
+            choice = {"index": index, "text": text, "logprobs": self._logprobs(entries) if entries else None,
                       "finish_reason": finish_reason}
             body = self._envelope("text_completion", [choice])
         if self.include_usage:

@@ -14,7 +14,12 @@ Owns the rules that tie the other modules together:
   max_tokens (or the context) ran out;
 - a generation ends early by closing its stream: on a stop string the front door saw
   first, on a client that went away (the web layer cancels the awaiting task), or on
-  an error. Closing before the final response cancels the Triton request.
+  an error. Closing before the final response cancels the Triton request;
+- `n` choices, and several completions prompts, are one Triton request each, run at
+  once (the engine batches them) and read as they come (`merge.py`); an error in one
+  closes the others. Choice j of a seeded request samples with seed + j, so the
+  choices differ and the request still repeats. `prompt_tokens` counts each prompt
+  once, `completion_tokens` every choice (as vLLM does).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from typing import AsyncIterator, Optional
 from specdec.config import EngineConfig
 from specdec.wordlist import encode_words, to_word_list
 
-from .protocol import CHAT, Generation, OpenAIError, bad_field
+from .merge import merge
+from .protocol import CHAT, Generation, OpenAIError, Prompt, bad_field
 from .responses import Shapes, TokenLogProb, usage
 from .stops import StopMatcher
 from .tokenization import Tokenizer
@@ -36,7 +42,7 @@ OWNER = "specdec-triton"
 
 @dataclass
 class Call:
-    """A prepared request: where it goes, what is sent, and the prompt's size."""
+    """One choice's Triton request: where it goes, what is sent, and the prompt's size."""
 
     gen: Generation
     target: TargetModel
@@ -44,7 +50,19 @@ class Call:
     outputs: list[str]  # what Triton sends back
     prompt_tokens: int
     max_tokens: int
-    shapes: Shapes
+    index: int  # the choice's index in the answer: prompt * n + choice
+    request_id: str
+    echo: str = ""  # the text that leads the answer (completions' echo)
+
+
+@dataclass
+class Delta:
+    """What one response added to choice `index`; `output` is set once it has finished."""
+
+    index: int
+    text: str
+    entries: list[TokenLogProb]
+    output: Optional["Output"] = None
 
 
 class Output:
@@ -151,20 +169,49 @@ class Frontend:
         return target
 
     # -- requests -------------------------------------------------------------------------
-    def prepare(self, gen: Generation) -> Call:
-        """Validates `gen` against its model and builds the Triton inputs."""
+    def shapes(self, gen: Generation) -> Shapes:
+        return Shapes(gen.endpoint, gen.model, logprobs=gen.logprobs, include_usage=gen.include_usage)
+
+    def prepare(self, gen: Generation, shapes: Optional[Shapes] = None) -> list[Call]:
+        """Validates `gen` against its model and builds every choice's Triton inputs, in
+        the order of the answer's choices."""
         target = self._target(gen.model)
-        templated = gen.endpoint == CHAT
-        prompt = self.tokenizer.chat_prompt(gen.messages) if templated else gen.prompt
-        ids = self.tokenizer.prompt_ids(prompt, templated)
-        max_tokens = gen.max_tokens or self.default_max_tokens
         if target.kind == TEXT and gen.logprobs:
-            raise bad_field("logprobs", f"the model '{target.name}' returns text only, not tokens; ask a "
-                                        f"token-level model ({', '.join(self._token_models()) or 'none served'})")
+            raise bad_field("logprobs", f"the model '{target.name}' returns text only, not tokens; "
+                                        f"ask a {self._token_models()}")
+        shapes = shapes or self.shapes(gen)
+        templated = gen.endpoint == CHAT
+        prompts = (self.tokenizer.chat_prompt(gen.messages),) if templated else gen.prompts
+        calls = []
+        for p, prompt in enumerate(prompts):
+            ids = self._prompt_ids(target, prompt, templated)
+            for j in range(gen.n):
+                index = p * gen.n + j
+                request_id = shapes.id if len(prompts) * gen.n == 1 else f"{shapes.id}-{index}"
+                calls.append(self._call(gen, target, prompt, ids, j, index, request_id))
+        return calls
+
+    def _prompt_ids(self, target: TargetModel, prompt: Prompt, templated: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.prompt_ids(prompt, templated)
+        if target.kind == TEXT:
+            raise bad_field("prompt", f"the model '{target.name}' takes text, not token ids; send them to a "
+                                      f"{self._token_models()}")
+        vocab = len(self.tokenizer.hf)
+        if max(prompt) >= vocab:
+            raise bad_field("prompt", f"token id {max(prompt)} is outside the tokenizer's vocabulary [0, {vocab})")
+        return list(prompt)
+
+    def _call(self, gen: Generation, target: TargetModel, prompt: Prompt, ids: list[int], choice: int,
+              index: int, request_id: str) -> Call:
+        templated = gen.endpoint == CHAT
+        max_tokens = gen.max_tokens or self.default_max_tokens
+        sampling = dict(gen.sampling)
+        if "seed" in sampling:  # n seeded choices that differ, and repeat
+            sampling["seed"] = (sampling["seed"] + choice) % 2 ** 64
         # A request with stop strings streams from the model even when its client does not:
         # the front door then ends the generation at the first match on the text.
-        values = {"max_tokens": max_tokens, "stream": gen.stream or bool(gen.stop), **gen.sampling,
-                  **gen.speculative}
+        values = {"max_tokens": max_tokens, "stream": gen.stream or bool(gen.stop), **sampling, **gen.speculative}
         if target.kind == TEXT:
             values["text_input"] = self.tokenizer.text_prompt(prompt, templated)
             values["stop_words"] = [csv_word(w) for w in gen.stop] or None
@@ -179,48 +226,82 @@ class Frontend:
             values["return_log_probs"] = True if gen.logprobs else None
         if "exclude_input_in_output" in target.inputs:  # the answer is the new text only
             values["exclude_input_in_output"] = True
-        arrays = build_inputs(target, values)
-        shapes = Shapes(gen.endpoint, gen.model, logprobs=gen.logprobs, include_usage=gen.include_usage)
-        return Call(gen, target, arrays, wanted_outputs(target, gen.logprobs), len(ids), max_tokens, shapes)
+        echo = "" if not gen.echo else prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)
+        return Call(gen, target, build_inputs(target, values), wanted_outputs(target, gen.logprobs), len(ids),
+                    max_tokens, index, request_id, echo)
 
-    def _token_models(self) -> list[str]:
-        return [n for n in self.names if self.targets[n].kind == TOKENS]
+    def _token_models(self) -> str:
+        """The words that send a client to a token-level model, naming the served ones."""
+        names = [n for n in self.names if self.targets[n].kind == TOKENS]
+        return f"token-level model ({', '.join(names) or 'none served'})"
 
-    async def complete(self, gen: Generation) -> dict:
-        """The whole answer of a non-streamed request."""
-        call = self.prepare(gen)
+    async def _choice(self, call: Call) -> AsyncIterator[Delta]:
+        """One choice's deltas; the last one carries its finished `Output`. Nothing is
+        yielded before Triton's first response (the echo comes with it)."""
         out = Output(call, self.tokenizer, self.max_context)
-        entries: list[TokenLogProb] = []
-        stream = self.client.stream(call.target, call.arrays, call.shapes.id, call.outputs)
+        stream = self.client.stream(call.target, call.arrays, call.request_id, call.outputs)
+        lead = call.echo
         try:
             async for piece in stream:
-                entries += out.add(piece)[1]
+                text, entries = out.add(piece)
+                yield Delta(call.index, lead + text, entries)
+                lead = ""
                 if piece.final or out.stopped:
                     break
         finally:
             stream.close()
-        return call.shapes.answer(out.text, out.finish_reason(), out.usage(), entries)
+        yield Delta(call.index, lead, [], out)
+
+    def _deltas(self, calls: list[Call]) -> AsyncIterator[Delta]:
+        if len(calls) == 1:
+            return self._choice(calls[0])
+        return (delta async for _, delta in merge([self._choice(c) for c in calls]))
+
+    @staticmethod
+    def _usage(calls: list[Call], outputs: dict[int, "Output"]) -> dict:
+        """Each prompt counted once (its first choice's), every choice's tokens."""
+        prompt_tokens = sum(c.prompt_tokens for c in calls if c.index % c.gen.n == 0)
+        return usage(prompt_tokens, sum(o.completion_tokens() for o in outputs.values()))
+
+    async def complete(self, gen: Generation) -> dict:
+        """The whole answer of a non-streamed request."""
+        shapes = self.shapes(gen)
+        calls = self.prepare(gen, shapes)
+        texts = {c.index: "" for c in calls}
+        entries: dict[int, list[TokenLogProb]] = {c.index: [] for c in calls}
+        outputs: dict[int, Output] = {}
+        deltas = self._deltas(calls)
+        try:
+            async for delta in deltas:
+                texts[delta.index] += delta.text
+                entries[delta.index] += delta.entries
+                if delta.output is not None:
+                    outputs[delta.index] = delta.output
+        finally:
+            await deltas.aclose()
+        choices = [shapes.choice(c.index, texts[c.index], outputs[c.index].finish_reason(), entries[c.index])
+                   for c in calls]
+        return shapes.answer(choices, self._usage(calls, outputs))
 
     async def chunks(self, gen: Generation) -> AsyncIterator[dict]:
         """The chunks of a streamed request. Nothing is yielded before Triton's first
         response, so a request the model refuses raises here, before any header is sent."""
-        call = self.prepare(gen)
-        out = Output(call, self.tokenizer, self.max_context)
-        shapes = call.shapes
-        stream = self.client.stream(call.target, call.arrays, shapes.id, call.outputs)
-        first = True
+        shapes = self.shapes(gen)
+        calls = self.prepare(gen, shapes)
+        opened: set[int] = set()  # chat: choices whose first chunk (with the role) was sent
+        outputs: dict[int, Output] = {}
+        deltas = self._deltas(calls)
         try:
-            async for piece in stream:
-                text, entries = out.add(piece)
-                if first and gen.endpoint == CHAT:
-                    yield shapes.chunk(text, entries, first=True)
-                elif text or entries:
-                    yield shapes.chunk(text, entries)
-                first = False
-                if piece.final or out.stopped:
-                    break
+            async for delta in deltas:
+                if gen.endpoint == CHAT and delta.index not in opened:
+                    opened.add(delta.index)
+                    yield shapes.chunk(delta.index, delta.text, delta.entries, first=True)
+                elif delta.text or delta.entries:
+                    yield shapes.chunk(delta.index, delta.text, delta.entries)
+                if delta.output is not None:
+                    outputs[delta.index] = delta.output
+                    yield shapes.chunk(delta.index, "", finish_reason=delta.output.finish_reason())
         finally:
-            stream.close()
-        yield shapes.chunk("", finish_reason=out.finish_reason())
+            await deltas.aclose()
         if gen.include_usage:
-            yield shapes.usage_chunk(out.usage())
+            yield shapes.usage_chunk(self._usage(calls, outputs))

@@ -72,6 +72,10 @@ class Tokenizer:
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer.from_tokenizer(self.hf, skip_special_tokens=self.skip_special_tokens)
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text, decoded as the output is (completions' echo of a token-id prompt)."""
+        return self.hf.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
+
     def token_text(self, token_id: int) -> str:
         return self.hf.decode([token_id], skip_special_tokens=False)
 
