@@ -3,7 +3,7 @@
 # and the model card quote, into docs/bench/ (each output records its own command line,
 # machine and date). Run it on an otherwise idle machine; stages can be named to rerun
 # only those.
-#   bash tools/bench/cpu_family.sh [latency] [small-trees] [adaptive] [family] [concurrency] [genai-perf]
+#   bash tools/bench/cpu_family.sh [latency] [small-trees] [large-trees] [adaptive] [family] [concurrency] [genai-perf]
 #
 # latency      tools/bench/bench.py latency --compare: every method, plain decoding and the
 #              transformers references (generate, assisted generation with the draft
@@ -13,6 +13,9 @@
 # small-trees  the same requests: plain decoding, EAGLE-3, EAGLE-2, Medusa and the draft
 #              model with 2-node trees (one drafted token) and 3-node trees (two), generate
 #              and prompt lookup
+# large-trees  the same requests: plain decoding, EAGLE-3 and EAGLE-2 with the EAGLE
+#              repository's default tree (EaModel.from_pretrained: total_token 60, depth 7,
+#              top_k 10), the size the papers' acceptance lengths were measured with
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
 #              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
@@ -29,7 +32,7 @@ QUESTIONS=${QUESTIONS:-4}
 OUT=docs/bench
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(latency small-trees adaptive family concurrency genai-perf)
+[ ${#stages[@]} -gt 0 ] || stages=(latency small-trees large-trees adaptive family concurrency genai-perf)
 mkdir -p "$OUT"
 
 # latency_on_every_set NAME [--plot] [bench.py options...]: the first $QUESTIONS questions
@@ -56,6 +59,9 @@ for stage in "${stages[@]}"; do
     small-trees)
       latency_on_every_set latency_small_tree \
         --compare none,eagle3@2,eagle3@3,eagle2@2,eagle2@3,medusa@2,medusa@3,draft_model@2,draft_model@3,hf,hf-prompt-lookup ;;
+    large-trees)
+      latency_on_every_set latency_large_tree --eagle-total-tokens 60 --eagle-depth 7 --eagle-top-k 10 \
+        --compare none,eagle3,eagle2 ;;
     adaptive)
       latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
     family)
@@ -76,6 +82,6 @@ for stage in "${stages[@]}"; do
       REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf
       cp .cache/genai_perf/comparison.json "$OUT/genai_perf.json"
       cp .cache/genai_perf/comparison.md "$OUT/genai_perf.md" ;;
-    *) echo "unknown stage $stage (latency, small-trees, adaptive, family, concurrency, genai-perf)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (latency, small-trees, large-trees, adaptive, family, concurrency, genai-perf)" >&2; exit 2 ;;
   esac
 done
