@@ -1,13 +1,16 @@
 """Request semantics through the engine, with and without speculation: stop words
 matched across multi-token steps, end_id, min_tokens, max_tokens, bad words,
-penalties, log-probs, cancellation, the queue bound, and a KV cache that never grows."""
+penalties, log-probs and their top alternatives, cancellation, the queue bound, and a
+KV cache that never grows."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from engine_helpers import code_prompts, make_engine, request, run_batch
+import torch
+
+from engine_helpers import code_prompts, make_engine, prefill_logits, request, run_batch
 from specdec.errors import BusyError, InputError
 
 METHODS = ["none", "eagle2", "eagle3", "medusa", "draft_model", "eagle"]
@@ -77,6 +80,58 @@ def test_log_probs_are_the_targets(engine, prompt):
     assert out == ref and len(lps) == 16
     assert all(math.isclose(a, b, abs_tol=1e-6) for a, b in zip(lps, ref_lps))
     assert all(lp <= 0 for lp in lps)
+
+
+def collect_steps(engine, requests) -> dict[str, list]:
+    """Every `StepOutput` of each request, run together (in-flight batching)."""
+    steps = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.submit(r, steps[r.request_id].append)
+    while not all(s and s[-1].finished for s in steps.values()):
+        engine.step()
+    return steps
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_top_log_probs_are_the_targets_most_likely_tokens(engine, prompt, method):
+    """Greedy: each token's K alternatives are the K largest of the target's own
+    log-softmax at that position (a separate forward over prompt + output; the LM head
+    returns float32, hence the tolerance), the first being the token itself, whatever
+    the method and a batch neighbour's K."""
+    n = 12
+    steps = collect_steps(engine, [request(prompt, n, method, rid="five", return_log_probs=True, top_log_probs=5),
+                                   request(code_prompts(3, 64)[0], n, "eagle3", rid="two", top_log_probs=2)])
+    for rid, k in (("five", 5), ("two", 2)):
+        tops = [t for o in steps[rid] for t in o.top_log_probs]
+        assert len(tops) == n and all(len(t) == k for t in tops)
+    tokens = [t for o in steps["five"] for t in o.token_ids]
+    lps = [p for o in steps["five"] for p in o.log_probs]
+    tops = [t for o in steps["five"] for t in o.top_log_probs]
+    logits = prefill_logits(engine.target, torch.tensor([prompt + tokens[:-1]]))[0, len(prompt) - 1:]  # [n, V]
+    ref = torch.log_softmax(logits.double(), -1).topk(5)
+    for j in range(n):
+        assert [i for i, _ in tops[j]] == ref.indices[j].tolist()
+        assert all(math.isclose(v, r, abs_tol=1e-4) for (_, v), r in zip(tops[j], ref.values[j].tolist()))
+        assert tops[j][0] == (tokens[j], lps[j])
+    assert not engine.generate(request(prompt, 4, method))[2].top_log_probs  # none asked, none sent
+
+
+def test_top_log_probs_of_a_sampled_token_come_from_its_distribution(engine, prompt):
+    """Sampling with top_k 8: the alternatives are the filtered distribution's, which
+    the 8 hold whole, and the drawn token is among them with its own log-prob."""
+    steps = collect_steps(engine, [request(prompt, 16, "eagle2", rid="s", temperature=0.8, top_k=8, seed=3,
+                                           return_log_probs=True, top_log_probs=8)])["s"]
+    tokens = [t for o in steps for t in o.token_ids]
+    lps = [p for o in steps for p in o.log_probs]
+    tops = [t for o in steps for t in o.top_log_probs]
+    assert len(tops) == len(tokens) == 16
+    for token, lp, top in zip(tokens, lps, tops):
+        values = [v for _, v in top]
+        assert values == sorted(values, reverse=True)
+        assert (token, lp) in top
+        assert sum(math.exp(v) for v in values) == pytest.approx(1.0, abs=1e-5)  # float32 log-probs
+    with pytest.raises(InputError, match="top_log_probs"):
+        engine.submit(request(prompt, 4, top_log_probs=21), lambda o: None)
 
 
 def test_cancel_frees_the_slot_within_a_step(engine, prompt):

@@ -213,6 +213,27 @@ def test_log_probs_come_with_their_tokens(served):
     assert e.value.param == "logprobs"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_top_alternatives_lead_with_the_greedy_token(served, stream):
+    client = served.client()
+    kw = dict(model="speculative_decoding", messages=MESSAGES, max_tokens=10, temperature=0, logprobs=True,
+              top_logprobs=4, extra_body={"min_tokens": 10})
+    if stream:
+        entries = [e for chunk in client.chat.completions.create(stream=True, **kw) for c in chunk.choices
+                   if c.logprobs for e in c.logprobs.content]
+    else:
+        entries = client.chat.completions.create(**kw).choices[0].logprobs.content
+    assert len(entries) == 10
+    for e in entries:
+        values = [a.logprob for a in e.top_logprobs]
+        assert len(values) == 4 and values == sorted(values, reverse=True)
+        assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
+    r = client.completions.create(model="speculative_decoding", prompt=PROMPT, max_tokens=5, temperature=0,
+                                  logprobs=2, extra_body={"min_tokens": 5})
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == 5 and all(len(t) <= 2 and lp.tokens[i] in t for i, t in enumerate(lp.top_logprobs))
+
+
 def test_seeded_sampling_repeats(served):
     client = served.client()
     runs = [_chat(client, "speculative_decoding", stream, max_tokens=16, temperature=1.0, seed=11)[0]
@@ -303,7 +324,8 @@ BAD = [  # (endpoint, request fields, the field the 400 names)
     ("chat", {"seed": -5}, "seed"),
     ("chat", {"stop": [""]}, "stop"),
     ("chat", {"logprobs": "yes"}, "logprobs"),
-    ("chat", {"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+    ("chat", {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ("chat", {"top_logprobs": 2}, "top_logprobs"),
     ("chat", {"stream_options": {"include_usage": True}}, "stream_options"),
     ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ("chat", {"extra_body": {"speculative_method": "warp"}}, "speculative_method"),
@@ -311,7 +333,7 @@ BAD = [  # (endpoint, request fields, the field the 400 names)
     ("chat", {"extra_body": {"top_k": "many"}}, "top_k"),
     ("completions", {"n": 0}, "n"),
     ("completions", {"prompt": [PROMPT] * 50, "n": 3}, "n"),
-    ("completions", {"logprobs": 3}, "logprobs"),
+    ("completions", {"logprobs": 21}, "logprobs"),
     ("completions", {"echo": True, "logprobs": 0}, "echo"),
     ("completions", {"prompt": [[1, -2, 3]]}, "prompt"),
     ("completions", {"prompt": [[10 ** 9]]}, "prompt"),

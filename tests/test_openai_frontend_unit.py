@@ -31,9 +31,10 @@ ENSEMBLE_INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL
 TOKEN_INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL",
                 "runtime_top_p": "FP32", "runtime_top_k": "INT32", "temperature": "FP32", "random_seed": "UINT64",
                 "end_id": "INT32", "stop_words_list": "INT32", "return_log_probs": "BOOL", "min_tokens": "INT32",
-                "exclude_input_in_output": "BOOL"}
+                "exclude_input_in_output": "BOOL", "top_log_probs": "INT32"}
 ENSEMBLE = TargetModel("ensemble", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=True)
-TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset({"output_ids"}), batched=True)
+TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset(
+    {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs"}), batched=True)
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -78,7 +79,8 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (CHAT, {"stop": [1]}, "stop"),
     (CHAT, {"stop": ""}, "stop"),
     (CHAT, {"logprobs": "yes"}, "logprobs"),
-    (CHAT, {"top_logprobs": 3}, "top_logprobs"),
+    (CHAT, {"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+    (CHAT, {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     (CHAT, {"stream_options": {"include_usage": True}}, "stream_options"),
     (CHAT, {"stream": "yes"}, "stream"),
     (CHAT, {"messages": []}, "messages"),
@@ -108,7 +110,8 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (COMPLETIONS, {"prompt": {"text": "a"}}, "prompt"),
     (COMPLETIONS, {"prompt": ""}, "prompt"),
     (COMPLETIONS, {"prompt": ["a"] * 65, "n": 2}, "n"),
-    (COMPLETIONS, {"logprobs": 2}, "logprobs"),
+    (COMPLETIONS, {"logprobs": 21}, "logprobs"),
+    (COMPLETIONS, {"logprobs": -1}, "logprobs"),
     (COMPLETIONS, {"echo": True, "logprobs": 0}, "echo"),
     (COMPLETIONS, {"echo": "yes"}, "echo"),
     (COMPLETIONS, {"suffix": "end"}, "suffix"),
@@ -274,6 +277,37 @@ def test_a_token_model_answer_is_exact(front_tokenizer):
     content = body["choices"][0]["logprobs"]["content"]
     assert len(content) == n and "".join(e["token"] for e in content) == text
     assert frontend.client.streams[0].closed and not frontend.client.streams[0].cancelled
+
+
+def test_top_alternatives_come_with_each_token(front_tokenizer):
+    text = "one two three"
+    ids = front_tokenizer.hf.encode(text, add_special_tokens=False)
+    alternatives = [[(t, -0.1), (7, -2.5), (8, float("-inf"))] for t in ids]  # -inf: ruled out by top_k
+
+    def script(arrays):
+        assert arrays["top_log_probs"].tolist() == [[3]] and arrays["return_log_probs"].tolist() == [[True]]
+        return ScriptedStream([Piece(token_ids=[t], log_probs=[-0.1], top=[a], final=i == len(ids) - 1)
+                               for i, (t, a) in enumerate(zip(ids, alternatives))])
+
+    frontend = make_frontend(front_tokenizer, script)
+    seven, eight = front_tokenizer.token_text(7), front_tokenizer.token_text(8)
+    chat = run(frontend.complete(parse_request({**CHAT_BODY, "model": "speculative_decoding", "logprobs": True,
+                                                "top_logprobs": 3}, CHAT)))
+    assert "output_top_log_probs" in frontend.client.outputs
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [[a["token"] for a in c["top_logprobs"]] for c in content] == [[c["token"], seven, eight] for c in content]
+    assert [a["logprob"] for a in content[0]["top_logprobs"]] == [-0.1, -2.5, -9999.0]  # JSON has no -inf
+    text = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "logprobs": 3},
+                                               COMPLETIONS)))
+    top = text["choices"][0]["logprobs"]["top_logprobs"]
+    assert top == [{token: -0.1, seven: -2.5, eight: -9999.0} for token in text["choices"][0]["logprobs"]["tokens"]]
+    json.dumps(chat, allow_nan=False), json.dumps(text, allow_nan=False)
+    old = TargetModel("speculative_decoding", TOKENS, {k: v for k, v in TOKEN_INPUTS.items()
+                                                       if k != "top_log_probs"}, TOKEN_MODEL.outputs, batched=True)
+    with pytest.raises(OpenAIError) as e:  # a repository whose model has no such input
+        make_frontend(front_tokenizer, script, targets=(old,)).prepare(
+            parse_request({**TEXT_BODY, "model": "speculative_decoding", "logprobs": 2}, COMPLETIONS))
+    assert e.value.param == "logprobs"
 
 
 def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):

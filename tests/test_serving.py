@@ -206,6 +206,20 @@ def test_responses_have_tensorrt_llms_shapes_and_a_stream_never_repeats_the_prom
     assert first["first_token_time_ns"][0, 0] == last["first_token_time_ns"][0, 0]
 
 
+def test_top_alternatives_travel_per_token_and_are_empty_unless_asked():
+    top = lambda t: [(t, -0.1), (t + 1, -3.0)]  # noqa: E731
+    b = ResponseBuilder([1], ResponseOptions(streaming=False))
+    assert b.add(StepOutput("r", [10, 11], [-0.1, -0.1], False, top_log_probs=[top(10), top(11)])) is None
+    last = b.add(StepOutput("r", [12], [-0.1], True, "length", top_log_probs=[top(12)]))
+    assert last["output_top_token_ids"].dtype == np.int32 and last["output_top_log_probs"].dtype == np.float32
+    assert last["output_top_token_ids"].tolist() == [[[[10, 11], [11, 12], [12, 13]]]]
+    assert np.allclose(last["output_top_log_probs"], [[[[-0.1, -3.0]] * 3]])
+    plain = ResponseBuilder([1], ResponseOptions(streaming=True)).add(StepOutput("r", [10], [], True, "length"))
+    assert plain["output_top_token_ids"].shape == (1, 1, 0, 0)
+    request, _ = build_request("r", _getter(**INFLIGHT_CLIENT, top_log_probs=np.array([[5]], np.int32)))
+    assert request.top_log_probs == 5
+
+
 def test_a_batch_answer_ends_with_its_last_entry():
     answer = BatchAnswer([ResponseBuilder([1], ResponseOptions(streaming=True, batch_index=b)) for b in range(2)])
     assert answer.add(1, StepOutput("r", [5], [], False))[1] is False

@@ -54,6 +54,12 @@ from .stopping import cut_new_tokens
 Emit = Callable[[StepOutput], None]
 
 
+def top_pairs(values: list[float], K: int, k: int) -> list[tuple[int, float]]:
+    """The first `k` alternatives, `(token id, log-prob)`, of `values`: K ids (as floats)
+    then their K log-probs, most likely first, as they come back from the device."""
+    return [(int(values[i]), values[K + i]) for i in range(k)]
+
+
 @dataclass
 class RequestState:
     """A running request. Between steps every token but the last (the root of the
@@ -347,21 +353,35 @@ class Engine:
                 if drafter is not None:
                     drafter.prefill(s, hidden[b, : lens[b]], aux[b, : lens[b]] if aux is not None else None)
             # The prefill's one host sync: the first tokens are emitted from the host
-            # (ids travel as float64, exact below 2**53, beside their log-probs).
-            host = torch.stack([torch.stack((token.double(), logp.double())) for token, logp in firsts]).tolist()
-        for s, (token, logp) in zip(states, host):
-            self._emit(s, [int(token)], [logp])
+            # (ids travel as float64, exact below 2**53, beside their log-probs), with the
+            # K most likely ids and their log-probs where a request asked for alternatives.
+            K = max(s.req.top_log_probs for s in states)
+            rows = []
+            for token, logp, log_dist in firsts:
+                parts = [token.double()[None], logp.double()[None]]
+                if K:
+                    top = log_dist.topk(K)
+                    parts += [top.indices.double(), top.values.double()]
+                rows.append(torch.cat(parts))
+            host = torch.stack(rows).tolist()  # [B, 2 + 2K]
+        for s, row in zip(states, host):
+            top = [top_pairs(row[2:], K, s.req.top_log_probs)] if s.req.top_log_probs else None
+            self._emit(s, [int(row[0])], [row[1]], top)
 
-    def _first_token(self, state: RequestState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """First token after prefill and its log-prob, on the device (0-d): logits [1, 1, V]."""
+    def _first_token(self, state: RequestState, logits: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """First token after prefill, its log-prob (both 0-d) and the log of the
+        distribution it was drawn from ([V]), on the device: logits [1, 1, V]."""
         row = LogitsRow(state.req, state.tokens, 0)
         processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long, device=self.device))
         if state.req.sampling.greedy:
             token = processed[0, 0].argmax()
-            return token, torch.log_softmax(processed[0, 0], -1)[token]
+            log_dist = torch.log_softmax(processed[0, 0], -1)
+            return token, log_dist[token], log_dist
         probs = probabilities(processed, sampling_tensors([row], self.device))[0]  # [1, V]
         token = sample_inverse_cdf(probs, host_to_device(state.rng.uniforms(1), self.device))[0]
-        return token, torch.log(probs[0, token])
+        log_dist = torch.log(probs[0])
+        return token, log_dist[token], log_dist
 
     def _decode(self, states: list[RequestState]) -> None:
         B = len(states)
@@ -436,7 +456,9 @@ class Engine:
         accepted[:, 0].fill_(0)  # the root is on every path
         bonus = torch.zeros(B, dtype=torch.long, device=dev)
         # Log of the distribution each token was drawn from: only when someone asked for it.
-        log_dist = torch.empty_like(logits) if any(s.req.return_log_probs for s in states) else None
+        K = max(s.req.top_log_probs for s in states)  # alternatives per token, the most asked
+        wanted = K > 0 or any(s.req.return_log_probs for s in states)
+        log_dist = torch.empty_like(logits) if wanted else None
         greedy = [b for b, s in enumerate(states) if s.req.sampling.greedy]
         sampled = [b for b, s in enumerate(states) if not s.req.sampling.greedy]
         if greedy:
@@ -487,6 +509,9 @@ class Engine:
             nxt = torch.where(torch.arange(N, device=dev)[None] >= accept_len[:, None], bonus[:, None], nxt)
             path_lp = log_dist[torch.arange(B, device=dev)[:, None], nodes, nxt]  # [B, N]
             result = torch.cat((result.double(), path_lp.double()), dim=1)  # ids exact in float64
+            if K:  # the K most likely tokens after each path node: [B, N, K] ids, then log-probs
+                top = log_dist[torch.arange(B, device=dev)[:, None], nodes].topk(K, dim=-1)
+                result = torch.cat((result, top.indices.flatten(1).double(), top.values.flatten(1).double()), dim=1)
         # The step's one necessary host sync: the accepted tokens are emitted from the host.
         host = result.tolist()
         if log_dist is not None:
@@ -512,10 +537,15 @@ class Engine:
             nodes = accepted_host[b][: a + 1]
             new_tokens = [cand_host[b][n] for n in nodes[1:]] + [bonus_host[b]]
             log_probs = host[b][2 + 2 * N: 3 + 2 * N + a] if s.req.return_log_probs else []
+            top = None
+            if s.req.top_log_probs:
+                ids, lps = host[b][2 + 3 * N: 2 + 3 * N + N * K], host[b][2 + 3 * N + N * K:]  # N * K each
+                top = [top_pairs(ids[j * K: (j + 1) * K] + lps[j * K: (j + 1) * K], K, s.req.top_log_probs)
+                       for j in range(a + 1)]
             drafted = trees[b].num_nodes - 1
             self._count(s, drafted, a)
             s.cached_len += a + 1
-            self._emit(s, new_tokens, log_probs)
+            self._emit(s, new_tokens, log_probs, top)
             self.policy.observe(s, drafted, a)
 
     def target_step(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool
@@ -539,23 +569,28 @@ class Engine:
         m.verify_steps[method] += 1
         m.emitted_tokens[method] += accepted + 1
 
-    def _emit(self, state: RequestState, new_tokens: list[int], log_probs: list[float]) -> None:
+    def _emit(self, state: RequestState, new_tokens: list[int], log_probs: list[float],
+              top: Optional[list[list[tuple[int, float]]]] = None) -> None:
+        """Sends the new tokens (cut at a stop word, the end token or the context), with
+        their log-probs and `top` alternatives (one list per token) where asked."""
         new_tokens = new_tokens[: self.max_context - len(state.tokens)]  # prompt + output <= max_seq_len
         emitted, reason = cut_new_tokens(state.req, state.output, new_tokens)
         state.output += emitted
         state.tokens += new_tokens
         lps = log_probs[: len(emitted)] if state.req.return_log_probs else []
+        tops = (top or [])[: len(emitted)] if state.req.top_log_probs else []
         state.cum_log_prob += sum(lps)
         if reason is None and len(state.tokens) >= self.max_context:
             reason = "length"  # the KV slot is full
         if reason is not None:
-            self._finish(state, emitted, reason, log_probs=lps)
+            self._finish(state, emitted, reason, log_probs=lps, top_log_probs=tops)
         else:
             state.emit(StepOutput(state.req.request_id, emitted, lps, False, None, None, state.stats,
-                                  state.scheduled_ns))
+                                  state.scheduled_ns, top_log_probs=tops))
 
     def _finish(self, state: RequestState, tokens: list[int], reason: str, error: Optional[str] = None,
-                log_probs: Optional[list[float]] = None) -> None:
+                log_probs: Optional[list[float]] = None,
+                top_log_probs: Optional[list[list[tuple[int, float]]]] = None) -> None:
         if state.finished:
             return
         state.finished = True
@@ -565,5 +600,5 @@ class Engine:
         if drafter is not None and state.draft is not None:
             drafter.release(state)
         state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats,
-                              state.scheduled_ns))
+                              state.scheduled_ns, top_log_probs=top_log_probs or []))
 

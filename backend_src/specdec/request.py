@@ -13,6 +13,7 @@ from typing import Optional
 from .errors import validate_that
 
 METHODS = ("none", "medusa", "eagle", "eagle2", "eagle3", "draft_model")
+MAX_TOP_LOG_PROBS = 20  # alternatives per token a request may ask for (OpenAI's and vLLM's limit)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     spec: SpecParams = field(default_factory=SpecParams)
     return_log_probs: bool = False
+    # alternatives per output token: the most likely ids of the distribution the token was
+    # drawn from, with their log-probs (OpenAI's top_logprobs); 0 for none
+    top_log_probs: int = 0
     return_perf_metrics: bool = False
 
     def validate(self, vocab_size: int, max_context: int, max_tokens_limit: int) -> None:
@@ -103,6 +107,8 @@ class GenerationRequest:
             for word in getattr(self, name):
                 validate_that(len(word) > 0 and all(0 <= t < vocab_size for t in word),
                               f"{name} holds an empty word or an id outside [0, {vocab_size})")
+        validate_that(0 <= self.top_log_probs <= MAX_TOP_LOG_PROBS,
+                      f"top_log_probs must be in [0, {MAX_TOP_LOG_PROBS}], got {self.top_log_probs}")
         self.sampling.validate()
         self.spec.validate()
 
@@ -141,3 +147,5 @@ class StepOutput:
     error: Optional[str] = None  # set when finish_reason == "error"
     stats: Optional[AcceptanceStats] = None  # cumulative, set on every output
     scheduled_ns: int = 0  # time.monotonic_ns() when the request got its KV slot; 0 while it waits
+    # one list per token when top_log_probs > 0, else empty: (token id, log-prob), most likely first
+    top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)

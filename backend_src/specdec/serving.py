@@ -152,6 +152,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
         stop_words=words["stop_words_list"], bad_words=words["bad_words_list"],
         sampling=sampling, spec=spec,
         return_log_probs=_first(get, ("return_log_probs",), "bool", False),
+        top_log_probs=_first(get, ("top_log_probs",), "int", 0),
         return_perf_metrics=_first(get, ("return_perf_metrics",), "bool", False),
     )
     options = ResponseOptions(
@@ -188,6 +189,7 @@ class ResponseBuilder:
     sent: list[int] = field(default_factory=list)  # tokens already in earlier responses
     pending: list[int] = field(default_factory=list)  # tokens not yet sent
     pending_log_probs: list[float] = field(default_factory=list)
+    pending_top: list[list[tuple[int, float]]] = field(default_factory=list)  # alternatives per token
     cum_log_prob: float = 0.0
     first_token_ns: int = 0
     last_token_ns: int = 0
@@ -201,6 +203,7 @@ class ResponseBuilder:
         self.cum_log_prob += float(sum(step.log_probs))
         self.pending.extend(step.token_ids)
         self.pending_log_probs.extend(step.log_probs)
+        self.pending_top.extend(step.top_log_probs)
         if not step.finished and (not self.options.streaming or not step.token_ids):
             return None
         new = list(self.pending)
@@ -217,6 +220,10 @@ class ResponseBuilder:
             "cum_log_probs": _one(self.cum_log_prob, np.float32),
             "output_log_probs": np.array(self.pending_log_probs, dtype=np.float32).reshape(
                 1, 1, len(self.pending_log_probs)),
+            # [1, 1, tokens, K]: the K most likely ids of each token's distribution and
+            # their log-probs (top_log_probs: K; tokens 0 without it)
+            "output_top_token_ids": self._top(0, np.int32),
+            "output_top_log_probs": self._top(1, np.float32),
             "batch_index": _one(self.options.batch_index, np.int32),
             "sequence_index": _one(0, np.int32),
             "kv_cache_alloc_new_blocks": _one(int(scheduled), np.int32),
@@ -234,8 +241,14 @@ class ResponseBuilder:
             "num_output_tokens": _one(len(self.pending), np.uint32),
         }
         self.sent.extend(self.pending)
-        self.pending, self.pending_log_probs = [], []
+        self.pending, self.pending_log_probs, self.pending_top = [], [], []
         return arrays
+
+    def _top(self, field_index: int, dtype) -> np.ndarray:
+        """Ids (field 0) or log-probs (1) of the pending tokens' alternatives, [1, 1, T, K]."""
+        k = len(self.pending_top[0]) if self.pending_top else 0
+        values = [[pair[field_index] for pair in token] for token in self.pending_top]
+        return np.array(values, dtype=dtype).reshape(1, 1, len(self.pending_top), k)
 
 
 @dataclass

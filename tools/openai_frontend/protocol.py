@@ -11,10 +11,10 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              stream_options.include_usage, presence_penalty, frequency_penalty,
              logit_bias (empty only)
     chat     messages, max_completion_tokens (wins over max_tokens), logprobs (bool),
-             top_logprobs (0 only), tools (none), response_format (text only)
+             top_logprobs (0-20, with logprobs), tools (none), response_format (text only)
     text     prompt (a string, a list of token ids, or a list of either: one answer per
-             prompt), logprobs (0 only: the sampled token's log-probability), echo (not
-             with logprobs), suffix (none), best_of (n only)
+             prompt), logprobs (0-20: the sampled token's log-probability and that many
+             alternatives), echo (not with logprobs), suffix (none), best_of (n only)
     extra    top_k, min_tokens, repetition_penalty, ignore_eos (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens
@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from specdec.request import METHODS
+from specdec.request import MAX_TOP_LOG_PROBS, METHODS
 
 CHAT, COMPLETIONS = "chat.completions", "completions"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -79,6 +79,7 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (chat's top_logprobs, completions' logprobs)
     ignore_eos: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
     speculative: dict[str, Any] = field(default_factory=dict)
@@ -166,14 +167,15 @@ def parse_request(body: Any, endpoint: str) -> Generation:
 
     if endpoint == CHAT:
         prompts, messages, echo = (), _messages(body), False
-        _only(body, "top_logprobs", (0,), "top alternatives are not returned (the sampled token's "
-                                          "log-probability is, with logprobs: true)")
         if body.get("tools"):
             raise bad_field("tools", "tool calls are not supported")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
             raise bad_field("response_format", f"only {{'type': 'text'}} is supported, got {fmt!r}")
         logprobs = bool(_bool(body, "logprobs"))
+        top_logprobs = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOG_PROBS) or 0
+        if top_logprobs and not logprobs:
+            raise bad_field("top_logprobs", f"needs logprobs: true, got {top_logprobs} without it")
         max_tokens = _int(body, "max_completion_tokens", lo=1)
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", lo=1)
@@ -184,11 +186,8 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         if len(prompts) * n > MAX_CHOICES:
             raise bad_field("n", f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices, more than "
                                  f"the {MAX_CHOICES} one request may ask for")
-        logprobs_n = _int(body, "logprobs", lo=0)
-        if logprobs_n not in (None, 0):
-            raise bad_field("logprobs", "top alternatives are not returned: use 0 (the sampled "
-                                        f"token's log-probability), got {logprobs_n}")
-        logprobs = logprobs_n == 0
+        top_logprobs = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOG_PROBS)
+        logprobs, top_logprobs = top_logprobs is not None, top_logprobs or 0
         echo = bool(_bool(body, "echo"))
         if echo and logprobs:
             raise bad_field("echo", "echo with logprobs is not supported (the prompt's log-probabilities "
@@ -226,7 +225,7 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     }
     return Generation(
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, n=n, echo=echo, max_tokens=max_tokens,
-        stop=_stop(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
+        stop=_stop(body), stream=stream, include_usage=include_usage, logprobs=logprobs, top_logprobs=top_logprobs,
         ignore_eos=bool(_bool(body, "ignore_eos")), sampling=sampling,
         speculative={k: v for k, v in speculative.items() if v is not None})
 

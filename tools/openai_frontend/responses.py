@@ -16,11 +16,20 @@ from typing import Optional, Sequence
 from .protocol import CHAT
 
 
+# JSON has no -inf: a token the sampling filters ruled out (log-prob -inf) gets vLLM's floor.
+LOGPROB_FLOOR = -9999.0
+
+
 @dataclass(frozen=True)
 class TokenLogProb:
     token: str  # the token's own text
     logprob: float
     offset: int  # where the token starts in the generated text (completions' text_offset)
+    top: tuple[tuple[str, float], ...] = ()  # the most likely tokens there (text, log-prob), when asked
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -28,12 +37,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def logprobs_json(endpoint: str, entries: Sequence[TokenLogProb]) -> dict:
+def logprobs_json(endpoint: str, entries: Sequence[TokenLogProb], top: bool = False) -> dict:
+    """OpenAI's `logprobs` object; `top`: the client asked for alternatives."""
     if endpoint == CHAT:
-        return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8")),
-                             "top_logprobs": []} for e in entries]}
-    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": None, "text_offset": [e.offset for e in entries]}
+        return {"content": [{"token": e.token, "logprob": _finite(e.logprob), "bytes": list(e.token.encode("utf-8")),
+                             "top_logprobs": [{"token": t, "logprob": _finite(lp), "bytes": list(t.encode("utf-8"))}
+                                              for t, lp in e.top]} for e in entries]}
+    return {"tokens": [e.token for e in entries], "token_logprobs": [_finite(e.logprob) for e in entries],
+            "top_logprobs": [{t: _finite(lp) for t, lp in e.top} for e in entries] if top else None,
+            "text_offset": [e.offset for e in entries]}
 
 
 @dataclass
@@ -43,6 +55,7 @@ class Shapes:
     endpoint: str
     model: str
     logprobs: bool = False  # the client asked for them: the field is an object, else null
+    top_logprobs: int = 0  # alternatives per token the client asked for
     include_usage: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -55,7 +68,7 @@ class Shapes:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
     def _logprobs(self, entries: Sequence[TokenLogProb]):
-        return logprobs_json(self.endpoint, entries) if self.logprobs else None
+        return logprobs_json(self.endpoint, entries, self.top_logprobs > 0) if self.logprobs else None
 
     def choice(self, index: int, text: str, finish_reason: str, entries: Sequence[TokenLogProb] = ()) -> dict:
         """One choice of a whole (non-streamed) answer."""

@@ -91,9 +91,11 @@ class Output:
             piece_text = self.detok.add(piece.token_ids, final=piece.final)
             self.n_tokens += len(piece.token_ids)
             if self.call.gen.logprobs:
-                for token_id, logprob in zip(piece.token_ids, piece.log_probs):
+                tops = piece.top or [()] * len(piece.token_ids)
+                for token_id, logprob, top in zip(piece.token_ids, piece.log_probs, tops):
                     token = self.tokenizer.token_text(token_id)
-                    self._entries.append(TokenLogProb(token, float(logprob), self._raw_chars))
+                    alternatives = tuple((self.tokenizer.token_text(i), float(lp)) for i, lp in top)
+                    self._entries.append(TokenLogProb(token, float(logprob), self._raw_chars, alternatives))
                     self._raw_chars += len(token)
         else:
             piece_text = piece.text
@@ -170,7 +172,8 @@ class Frontend:
 
     # -- requests -------------------------------------------------------------------------
     def shapes(self, gen: Generation) -> Shapes:
-        return Shapes(gen.endpoint, gen.model, logprobs=gen.logprobs, include_usage=gen.include_usage)
+        return Shapes(gen.endpoint, gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_logprobs,
+                      include_usage=gen.include_usage)
 
     def prepare(self, gen: Generation, shapes: Optional[Shapes] = None) -> list[Call]:
         """Validates `gen` against its model and builds every choice's Triton inputs, in
@@ -179,6 +182,9 @@ class Frontend:
         if target.kind == TEXT and gen.logprobs:
             raise bad_field("logprobs", f"the model '{target.name}' returns text only, not tokens; "
                                         f"ask a {self._token_models()}")
+        if gen.top_logprobs and target.input_for("top_log_probs") is None:
+            raise bad_field("top_logprobs" if gen.endpoint == CHAT else "logprobs",
+                            f"the model '{target.name}' returns no alternatives (it has no top_log_probs input)")
         shapes = shapes or self.shapes(gen)
         templated = gen.endpoint == CHAT
         prompts = (self.tokenizer.chat_prompt(gen.messages),) if templated else gen.prompts
@@ -224,11 +230,12 @@ class Frontend:
             eos = self.tokenizer.eos_id
             values["end_id"] = -1 if gen.ignore_eos or eos is None else eos
             values["return_log_probs"] = True if gen.logprobs else None
+            values["top_log_probs"] = gen.top_logprobs or None
         if "exclude_input_in_output" in target.inputs:  # the answer is the new text only
             values["exclude_input_in_output"] = True
         echo = "" if not gen.echo else prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)
-        return Call(gen, target, build_inputs(target, values), wanted_outputs(target, gen.logprobs), len(ids),
-                    max_tokens, index, request_id, echo)
+        outputs = wanted_outputs(target, gen.logprobs, top=gen.top_logprobs > 0)
+        return Call(gen, target, build_inputs(target, values), outputs, len(ids), max_tokens, index, request_id, echo)
 
     def _token_models(self) -> str:
         """The words that send a client to a token-level model, naming the served ones."""

@@ -96,6 +96,7 @@ class Piece:
     log_probs: Sequence[float] = ()
     final: bool = False
     num_tokens: Optional[int] = None  # TEXT: the tokens behind `text`, when the model says (num_output_tokens)
+    top: Sequence[Sequence[tuple[int, float]]] = ()  # TOKENS: each token's alternatives, when asked
 
 
 def csv_word(word: str) -> str:
@@ -134,12 +135,14 @@ def build_inputs(target: TargetModel, values: dict[str, Any]) -> dict[str, np.nd
     return arrays
 
 
-def wanted_outputs(target: TargetModel, log_probs: bool) -> list[str]:
+def wanted_outputs(target: TargetModel, log_probs: bool, top: bool = False) -> list[str]:
     """The outputs a generation reads: Triton then sends only these (an ensemble declares
     many more, and every streamed response would carry them all)."""
     names = ["text_output", "num_output_tokens"] if target.kind == TEXT else ["output_ids", "sequence_length"]
     if log_probs:
         names.append("output_log_probs")
+    if top:
+        names += ["output_top_token_ids", "output_top_log_probs"]
     return [n for n in names if n in target.outputs]
 
 
@@ -159,7 +162,13 @@ def response_piece(target: TargetModel, get, final: bool) -> Piece:
     length = get("sequence_length")
     if length is not None and length.size:
         ids = ids[:int(length.reshape(-1)[0])]
-    return Piece(token_ids=ids, log_probs=log_probs[:len(ids)], final=final)
+    top_ids, top_log_probs = get("output_top_token_ids"), get("output_top_log_probs")
+    top = []
+    if top_ids is not None and top_log_probs is not None and top_ids.size:
+        k = top_ids.shape[-1]  # [1, 1, tokens, k]
+        top = [list(zip(i, lp)) for i, lp in zip(top_ids.reshape(-1, k).tolist(),
+                                                  top_log_probs.reshape(-1, k).tolist())][:len(ids)]
+    return Piece(token_ids=ids, log_probs=log_probs[:len(ids)], final=final, top=top)
 
 
 def triton_error(message: str) -> OpenAIError:
