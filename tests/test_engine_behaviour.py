@@ -65,7 +65,8 @@ def test_max_tokens_exact(engine, prompt, greedy, method):
 @pytest.mark.parametrize("method", ["eagle2", "medusa"])
 def test_bad_words_and_penalties_equal_plain(engine, prompt, greedy, method):
     banned = [[greedy[5]], greedy[12:14]]
-    for kw in (dict(bad_words=banned[:1]), dict(bad_words=banned), dict(repetition_penalty=1.3), dict(presence_penalty=0.5, frequency_penalty=0.3)):
+    for kw in (dict(bad_words=banned[:1]), dict(bad_words=banned), dict(repetition_penalty=1.3),
+               dict(presence_penalty=0.5, frequency_penalty=0.3)):
         ref = engine.generate(request(prompt, N, "none", **kw))[0]
         out = engine.generate(request(prompt, N, method, **kw))[0]
         assert out == ref, kw

@@ -33,8 +33,8 @@ TOKEN_INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_
                 "end_id": "INT32", "stop_words_list": "INT32", "return_log_probs": "BOOL", "min_tokens": "INT32",
                 "exclude_input_in_output": "BOOL", "top_log_probs": "INT32"}
 ENSEMBLE = TargetModel("ensemble", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=True)
-TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset(
-    {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs"}), batched=True)
+TOKEN_OUTPUTS = {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs"}
+TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset(TOKEN_OUTPUTS), batched=True)
 
 
 # -- requests ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from ..graphs import DecodeGraphs
 from ..kv_cache import AttentionBatch
-from ..models.layers import causal_mask
+from ..models.layers import causal_mask, vocabulary_rows
 from ..models.llama import LlamaModel
 from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
 from ..transfer import host_to_device, to_device
@@ -47,9 +47,7 @@ class DraftModelDrafter:
         self.vocab_ids: Optional[torch.Tensor] = None
         self.vocab_rows: Optional[torch.Tensor] = None
         if draft_vocab is not None:
-            weight = model.lm_head.weight
-            self.vocab_ids = draft_vocab.to(device=weight.device, dtype=torch.long)
-            self.vocab_rows = weight.detach()[self.vocab_ids].contiguous()
+            self.vocab_ids, self.vocab_rows = vocabulary_rows(model.lm_head.weight, draft_vocab)
         # Room after the context for the chain and a batched catch-up's padding, then
         # the spare positions of a CUDA graph's padding rows (graphs.py).
         self._spare_start = max_seq_len + 2 * BATCHED_CATCH_UP + 32

@@ -35,7 +35,7 @@ from ..graphs import CapturedCalls, DecodeGraphs, batch_bucket, keys_bucket
 from ..kv_cache import AttentionBatch
 from ..models.eagle import EagleHead
 from ..models.eagle3 import Eagle3Head
-from ..models.layers import causal_mask
+from ..models.layers import causal_mask, vocabulary_rows
 from ..models.llama import LlamaModel
 from ..transfer import to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
@@ -67,9 +67,7 @@ class EagleDrafter:
         self.vocab_rows: Optional[torch.Tensor] = None
         self.vocab_d2t: Optional[torch.Tensor] = None
         if draft_vocab is not None and not self.eagle3:
-            weight = target.lm_head.weight
-            ids = draft_vocab.to(device=weight.device, dtype=torch.long)
-            self.vocab_rows = weight.detach()[ids].contiguous()
+            ids, self.vocab_rows = vocabulary_rows(target.lm_head.weight, draft_vocab)
             self.vocab_d2t = ids - torch.arange(len(ids), device=ids.device)
         self.needs_aux = self.eagle3
         self._spare_start = max_seq_len + SCRATCH

@@ -255,6 +255,14 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def vocabulary_rows(weight: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A drafting vocabulary's ids [K] (long, on `weight`'s device) and a copy of the
+    vocabulary projection's rows for them [K, H] (row i scores token_ids[i]), detached:
+    what a drafter keeps of an LM head [V, H] to score only those tokens."""
+    ids = token_ids.to(device=weight.device, dtype=torch.long)
+    return ids, weight.detach()[ids].contiguous()
+
+
 def causal_mask(B: int, T: int, device) -> torch.Tensor:
     """[B, T, T] bool lower-triangular: the local mask of a chain of tokens."""
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None].expand(B, T, T)

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .checkpoint import load_state_dict, read_config
+from .layers import vocabulary_rows
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin")
 
@@ -55,9 +56,8 @@ class MedusaHeads(nn.ModuleList):
             full = head[-1]
             rows = nn.Linear(full.in_features, len(token_ids), bias=False,
                              device=full.weight.device, dtype=full.weight.dtype)
-            with torch.no_grad():
-                rows.weight.copy_(full.weight[token_ids.to(full.weight.device)])
-            head[-1] = rows.requires_grad_(False)
+            rows.weight = nn.Parameter(vocabulary_rows(full.weight, token_ids)[1], requires_grad=False)
+            head[-1] = rows
 
     @staticmethod
     def from_pretrained(directory: str | Path, hidden: int, vocab: int, dtype: torch.dtype = torch.float32,
