@@ -286,6 +286,37 @@ def test_inflight_client_streams_the_greedy_tokens(server, tokenizer):
     assert whole[0].outputs["sequence_length"][0][0] == len(ids) + len(tokens)
 
 
+@pytest.mark.parametrize("model", ENTRIES)
+def test_bias_words_steer_the_answer_as_a_dense_embedding_bias_does(server, model, tokenizer):
+    """TensorRT-LLM's `embedding_bias_words`/`_weights` through an entry equal the same
+    bias sent to speculative_decoding as `embedding_bias` [vocab], and a word weighted
+    -100 is never generated."""
+    ids = tokenizer.encode("Born in north-east France, Soyer trained as a")
+    end_id = tokenizer.encode(tokenizer.eos_token, add_special_tokens=False)[0]
+
+    def tokens(bias=None):
+        named = inflight_client_inputs(ids, 12, False, end_id, end_id)
+        if bias is not None:
+            named["embedding_bias"] = bias[None]
+        (r,) = one_stream(server, "speculative_decoding", named)
+        assert r.error is None, r.error
+        return list(r.outputs["output_ids"][0][0])[len(ids):]
+
+    plain = tokens()
+    banned = next(t for t in plain if tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False) == [t])
+    dense = np.zeros(len(tokenizer), np.float32)
+    dense[banned] = -100.0
+    steered = tokens(dense)
+    assert banned not in steered and steered != plain
+    body = {"text_input": "Born in north-east France, Soyer trained as a", "max_tokens": 12, "end_id": end_id,
+            "embedding_bias_words": [tokenizer.decode([banned])], "embedding_bias_weights": [-100.0]}
+    status, out = generate(server, model, body)
+    assert status == 200, out
+    assert out["text_output"].endswith(tokenizer.decode(steered, skip_special_tokens=True))
+    status, out = generate(server, model, {**body, "embedding_bias_weights": [1.0, 2.0]})
+    assert status == 400 and "embedding_bias_words and embedding_bias_weights" in out["error"], out
+
+
 def test_stop_request_ends_the_running_request(server):
     """--stop-after-ms with the csv input path's ids: end_id -1, pad_id 50256 (GPT-2's)."""
     stream = Stream(server)

@@ -75,6 +75,20 @@ def test_bad_words_and_penalties_equal_plain(engine, prompt, greedy, method):
     assert greedy[5] not in out
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_logit_bias_is_lossless_and_acts(engine, prompt, greedy, method):
+    """A bias that bans the greedy answer's 6th token and one that favours another
+    token: every method's output equals plain decoding's with the same bias."""
+    for bias in ({greedy[5]: -100.0}, {greedy[5]: -100.0, greedy[0]: 2.5}):
+        ref = engine.generate(request(prompt, N, "none", logit_bias=bias))[0]
+        assert engine.generate(request(prompt, N, method, logit_bias=bias))[0] == ref, bias
+        assert ref[:5] == greedy[:5] and ref[5] != greedy[5] and greedy[5] not in ref
+    forced = engine.generate(request(prompt, 8, method, logit_bias={7: 100.0}))[0]
+    assert forced == [7] * 8
+    with pytest.raises(InputError, match="logit_bias"):
+        engine.submit(request(prompt, 4, logit_bias={10 ** 7: 1.0}), lambda o: None)
+
+
 def test_log_probs_are_the_targets(engine, prompt):
     out, lps, last = engine.generate(request(prompt, 16, "eagle2", return_log_probs=True))
     ref, ref_lps, _ = engine.generate(request(prompt, 16, "none", return_log_probs=True))

@@ -213,6 +213,22 @@ def test_log_probs_come_with_their_tokens(served):
     assert e.value.param == "logprobs"
 
 
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_logit_bias_bans_a_token_on_every_model(served, name, tokenizer):
+    """The greedy answer's first token that encodes back to itself, biased -100, never
+    appears, and every model answers alike (the text models get it as bias words)."""
+    model, client = _model(served, name), served.client()
+    kw = dict(model=model, messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"min_tokens": 12})
+    r = client.chat.completions.create(**kw)
+    ids = tokenizer.encode(r.choices[0].message.content, add_special_tokens=False)
+    banned = next(t for t in ids if tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False) == [t])
+    steered = client.chat.completions.create(**kw, logit_bias={str(banned): -100}).choices[0].message.content
+    assert banned not in tokenizer.encode(steered, add_special_tokens=False)
+    reference = client.chat.completions.create(**{**kw, "model": "speculative_decoding"},
+                                               logit_bias={str(banned): -100}).choices[0].message.content
+    assert steered == reference
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_top_alternatives_lead_with_the_greedy_token(served, stream):
     client = served.client()

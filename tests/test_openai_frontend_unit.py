@@ -27,11 +27,12 @@ CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT_BODY = {"model": "m", "prompt": "hi"}
 ENSEMBLE_INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "exclude_input_in_output": "BOOL",
                    "temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop_words": "BYTES",
-                   "end_id": "INT32", "min_tokens": "INT32", "speculative_method": "BYTES", "eagle_depth": "INT32"}
+                   "end_id": "INT32", "min_tokens": "INT32", "speculative_method": "BYTES", "eagle_depth": "INT32",
+                   "embedding_bias_words": "BYTES", "embedding_bias_weights": "FP32"}
 TOKEN_INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL",
                 "runtime_top_p": "FP32", "runtime_top_k": "INT32", "temperature": "FP32", "random_seed": "UINT64",
                 "end_id": "INT32", "stop_words_list": "INT32", "return_log_probs": "BOOL", "min_tokens": "INT32",
-                "exclude_input_in_output": "BOOL", "top_log_probs": "INT32"}
+                "exclude_input_in_output": "BOOL", "top_log_probs": "INT32", "embedding_bias": "FP32"}
 ENSEMBLE = TargetModel("ensemble", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=True)
 TOKEN_OUTPUTS = {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs"}
 TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset(TOKEN_OUTPUTS), batched=True)
@@ -90,7 +91,10 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (CHAT, {"frequency_penalty": -3}, "frequency_penalty"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
-    (CHAT, {"logit_bias": {"5": 1}}, "logit_bias"),
+    (CHAT, {"logit_bias": {"x": 1}}, "logit_bias"),
+    (CHAT, {"logit_bias": {"5": 101}}, "logit_bias"),
+    (CHAT, {"logit_bias": {"5": "high"}}, "logit_bias"),
+    (CHAT, {"logit_bias": [5]}, "logit_bias"),
     (CHAT, {"model": ""}, "model"),
     (CHAT, {"speculative_method": "warp"}, "speculative_method"),
     (CHAT, {"eagle_depth": 0}, "eagle_depth"),
@@ -308,6 +312,29 @@ def test_top_alternatives_come_with_each_token(front_tokenizer):
         make_frontend(front_tokenizer, script, targets=(old,)).prepare(
             parse_request({**TEXT_BODY, "model": "speculative_decoding", "logprobs": 2}, COMPLETIONS))
     assert e.value.param == "logprobs"
+
+
+def test_logit_bias_reaches_each_kind_of_model_in_its_own_inputs(front_tokenizer):
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream([Piece(token_ids=[5], final=True)]))
+    paris = front_tokenizer.encode_word(" Paris")
+    assert len(paris) == 1
+    bias = {str(paris[0]): -100, "2": 3.5}  # 2: a special token, its text encodes back to it
+    for call in frontend.prepare(parse_request({**CHAT_BODY, "model": "speculative_decoding", "logit_bias": bias,
+                                                "n": 2}, CHAT)):
+        dense = call.arrays["embedding_bias"]
+        assert dense.shape == (1, len(front_tokenizer.hf)) and dense.dtype == np.float32
+        assert {int(i): float(dense[0, i]) for i in np.flatnonzero(dense)} == {paris[0]: -100.0, 2: 3.5}
+    (call,) = frontend.prepare(parse_request({**CHAT_BODY, "model": "ensemble", "logit_bias": bias}, CHAT))
+    assert call.arrays["embedding_bias_words"].tolist() == [[b" Paris", front_tokenizer.token_text(2).encode()]]
+    assert call.arrays["embedding_bias_weights"].tolist() == [[-100.0, 3.5]]
+    split = next(t for t in range(1000, len(front_tokenizer.hf))  # a token whose text encodes otherwise
+                 if front_tokenizer.encode_word(front_tokenizer.token_text(t)) != [t])
+    for model, token, words in (("ensemble", split, "encode back"), ("speculative_decoding", 10 ** 6, "outside")):
+        with pytest.raises(OpenAIError) as e:
+            frontend.prepare(parse_request({**CHAT_BODY, "model": model, "logit_bias": {str(token): 1}}, CHAT))
+        assert e.value.param == "logit_bias" and words in e.value.message
+    frontend.prepare(parse_request({**CHAT_BODY, "model": "speculative_decoding",
+                                    "logit_bias": {str(split): 1}}, CHAT))  # the token model takes it
 
 
 def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):

@@ -7,6 +7,7 @@ tensors; tests and benchmarks build them directly.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -83,6 +84,9 @@ class GenerationRequest:
     pad_id: Optional[int] = None
     stop_words: list[list[int]] = field(default_factory=list)  # token sequences
     bad_words: list[list[int]] = field(default_factory=list)  # token sequences never produced
+    # added to the target's logits before sampling or verifying: {token id: bias}
+    # (OpenAI's logit_bias; TensorRT-LLM's embedding_bias, dense there)
+    logit_bias: dict[int, float] = field(default_factory=dict)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     spec: SpecParams = field(default_factory=SpecParams)
     return_log_probs: bool = False
@@ -107,6 +111,8 @@ class GenerationRequest:
             for word in getattr(self, name):
                 validate_that(len(word) > 0 and all(0 <= t < vocab_size for t in word),
                               f"{name} holds an empty word or an id outside [0, {vocab_size})")
+        validate_that(all(0 <= t < vocab_size and math.isfinite(b) for t, b in self.logit_bias.items()),
+                      f"logit_bias (embedding_bias) must hold finite biases of token ids in [0, {vocab_size})")
         validate_that(0 <= self.top_log_probs <= MAX_TOP_LOG_PROBS,
                       f"top_log_probs must be in [0, {MAX_TOP_LOG_PROBS}], got {self.top_log_probs}")
         self.sampling.validate()

@@ -1,14 +1,15 @@
 """Turning target logits into what verification needs, per request and per tree node.
 
-`process_logits` applies, in order: bad words, min_tokens (end_id suppressed while a
-node's output index is below it), penalties (repetition over prompt + output, presence
-and frequency over output, as vLLM), then `probabilities` applies temperature,
-top-k and top-p. Greedy rows take the argmax of the processed logits.
+`process_logits` applies, in order: the logit bias (a fixed amount per token id), bad
+words, min_tokens (end_id suppressed while a node's output index is below it),
+penalties (repetition over prompt + output, presence and frequency over output, as
+vLLM), then `probabilities` applies temperature, top-k and top-p. Greedy rows take the
+argmax of the processed logits.
 
-Losslessness: bad single-token words and min_tokens depend only on a node's depth, so
-they are exact for tree nodes. Penalties and multi-token bad words depend on the path
-history; the engine does not speculate for a request while they can act
-(`needs_plain_steps`), so they are exact too.
+Losslessness: the logit bias is the same at every node; bad single-token words and
+min_tokens depend only on a node's depth, so they are exact for tree nodes. Penalties
+and multi-token bad words depend on the path history; the engine does not speculate
+for a request while they can act (`needs_plain_steps`), so they are exact too.
 
 Random numbers come from a per-request `torch.Generator` on the CPU, seeded with the
 request's seed: a seeded request repeats exactly, and requests never share state.
@@ -52,6 +53,9 @@ def process_logits(logits: torch.Tensor, rows: list[LogitsRow], depth: torch.Ten
         for w in req.bad_words:
             if len(w) > 1 and len(row.history) >= len(w) - 1 and row.history[len(row.history) - len(w) + 1:] == w[:-1]:
                 banned.append(w[-1])
+        if req.logit_bias:
+            ids = to_device(list(req.logit_bias), out.device, torch.long)
+            out[b, :, ids] += to_device(list(req.logit_bias.values()), out.device, out.dtype)
         if banned:
             out[b].index_fill_(-1, to_device(banned, out.device), NEG_INF)
         if req.end_id is not None and req.sampling.min_tokens > 0:

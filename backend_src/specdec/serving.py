@@ -19,6 +19,7 @@ import numpy as np
 
 from .detokenizer import CONTEXT_TOKENS
 from .errors import InputError, validate_that
+from .logit_bias import sparse_bias
 from .request import GenerationRequest, SamplingParams, SpecParams, StepOutput
 from .tensors import Getter, row_getters, scalar, token_ids
 from .wordlist import from_word_list
@@ -150,7 +151,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
         request_id=request_id, input_ids=ids, max_tokens=max_tokens,
         end_id=None if end_id is None or end_id < 0 else end_id,  # -1: never stop on an end token
         stop_words=words["stop_words_list"], bad_words=words["bad_words_list"],
-        sampling=sampling, spec=spec,
+        sampling=sampling, spec=spec, logit_bias=sparse_bias(get("embedding_bias")),
         return_log_probs=_first(get, ("return_log_probs",), "bool", False),
         top_log_probs=_first(get, ("top_log_probs",), "int", 0),
         return_perf_metrics=_first(get, ("return_perf_metrics",), "bool", False),

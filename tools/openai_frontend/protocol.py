@@ -9,7 +9,7 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
 
     both     model, max_tokens, temperature, top_p, seed, stop, n, stream,
              stream_options.include_usage, presence_penalty, frequency_penalty,
-             logit_bias (empty only)
+             logit_bias ({token id: bias in [-100, 100]})
     chat     messages, max_completion_tokens (wins over max_tokens), logprobs (bool),
              top_logprobs (0-20, with logprobs), tools (none), response_format (text only)
     text     prompt (a string, a list of token ids, or a list of either: one answer per
@@ -81,6 +81,7 @@ class Generation:
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token (chat's top_logprobs, completions' logprobs)
     ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     sampling: dict[str, Any] = field(default_factory=dict)
     speculative: dict[str, Any] = field(default_factory=dict)
 
@@ -154,7 +155,6 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         raise bad_field("model", "is required")
 
     n = _int(body, "n", lo=1, hi=MAX_CHOICES) or 1
-    _only(body, "logit_bias", ({},), "logit_bias is not supported")
     stream = bool(_bool(body, "stream"))
     include_usage = False
     if _present(body, "stream_options"):
@@ -226,8 +226,25 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     return Generation(
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, n=n, echo=echo, max_tokens=max_tokens,
         stop=_stop(body), stream=stream, include_usage=include_usage, logprobs=logprobs, top_logprobs=top_logprobs,
-        ignore_eos=bool(_bool(body, "ignore_eos")), sampling=sampling,
+        ignore_eos=bool(_bool(body, "ignore_eos")), logit_bias=_logit_bias(body), sampling=sampling,
         speculative={k: v for k, v in speculative.items() if v is not None})
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    """OpenAI's `logit_bias`: an object of token ids (as strings) to biases in [-100, 100]."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad_field("logit_bias", f"must be an object mapping token ids to biases, got {_short(bias)}")
+    out = {}
+    for key, value in bias.items():
+        if not str(key).isdigit():
+            raise bad_field("logit_bias", f"keys must be token ids (integers >= 0), got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_field("logit_bias", f"biases must be numbers in [-100, 100], got {value!r} for token {key}")
+        out[int(key)] = float(value)
+    return out
 
 
 def _stop(body: dict) -> tuple[str, ...]:

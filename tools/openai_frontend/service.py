@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
+import numpy as np
+
 from specdec.config import EngineConfig
 from specdec.wordlist import encode_words, to_word_list
 
@@ -185,6 +187,7 @@ class Frontend:
         if gen.top_logprobs and target.input_for("top_log_probs") is None:
             raise bad_field("top_logprobs" if gen.endpoint == CHAT else "logprobs",
                             f"the model '{target.name}' returns no alternatives (it has no top_log_probs input)")
+        bias = self._bias_values(target, gen.logit_bias)
         shapes = shapes or self.shapes(gen)
         templated = gen.endpoint == CHAT
         prompts = (self.tokenizer.chat_prompt(gen.messages),) if templated else gen.prompts
@@ -194,8 +197,37 @@ class Frontend:
             for j in range(gen.n):
                 index = p * gen.n + j
                 request_id = shapes.id if len(prompts) * gen.n == 1 else f"{shapes.id}-{index}"
-                calls.append(self._call(gen, target, prompt, ids, j, index, request_id))
+                calls.append(self._call(gen, target, prompt, ids, j, index, request_id, bias))
         return calls
+
+    def _bias_values(self, target: TargetModel, logit_bias: dict[int, float]) -> dict:
+        """`logit_bias` as the model's inputs: a dense `embedding_bias` for a token model;
+        for a text model, TensorRT-LLM's bias words (each token's own text, which its
+        preprocessing encodes back) and weights, refused for a token whose text does not
+        encode back to that token alone."""
+        if not logit_bias:
+            return {}
+        vocab = len(self.tokenizer.hf)
+        outside = [t for t in logit_bias if t >= vocab]
+        if outside:
+            raise bad_field("logit_bias", f"token id {outside[0]} is outside the tokenizer's vocabulary [0, {vocab})")
+        if target.kind == TOKENS:
+            if target.input_for("embedding_bias") is None:
+                raise bad_field("logit_bias", f"the model '{target.name}' takes no embedding_bias input")
+            dense = np.zeros(vocab, dtype=np.float32)
+            dense[list(logit_bias)] = list(logit_bias.values())
+            return {"embedding_bias": dense}
+        if target.input_for("embedding_bias_words") is None:
+            raise bad_field("logit_bias", f"the model '{target.name}' takes no embedding_bias_words input")
+        words = []
+        for token in logit_bias:
+            text = self.tokenizer.token_text(token)
+            if self.tokenizer.encode_word(text) != [token]:
+                raise bad_field("logit_bias", f"token {token} ({text!r}) does not encode back to itself alone, so "
+                                              f"the text model '{target.name}' cannot bias it; send it to a "
+                                              f"{self._token_models()}")
+            words.append(text)
+        return {"embedding_bias_words": words, "embedding_bias_weights": list(logit_bias.values())}
 
     def _prompt_ids(self, target: TargetModel, prompt: Prompt, templated: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -209,7 +241,7 @@ class Frontend:
         return list(prompt)
 
     def _call(self, gen: Generation, target: TargetModel, prompt: Prompt, ids: list[int], choice: int,
-              index: int, request_id: str) -> Call:
+              index: int, request_id: str, bias: dict) -> Call:
         templated = gen.endpoint == CHAT
         max_tokens = gen.max_tokens or self.default_max_tokens
         sampling = dict(gen.sampling)
@@ -217,7 +249,8 @@ class Frontend:
             sampling["seed"] = (sampling["seed"] + choice) % 2 ** 64
         # A request with stop strings streams from the model even when its client does not:
         # the front door then ends the generation at the first match on the text.
-        values = {"max_tokens": max_tokens, "stream": gen.stream or bool(gen.stop), **sampling, **gen.speculative}
+        values = {"max_tokens": max_tokens, "stream": gen.stream or bool(gen.stop), **sampling, **gen.speculative,
+                  **bias}
         if target.kind == TEXT:
             values["text_input"] = self.tokenizer.text_prompt(prompt, templated)
             values["stop_words"] = [csv_word(w) for w in gen.stop] or None

@@ -1,4 +1,5 @@
-"""Triton `preprocessing`: text → token ids, word strings → TensorRT-LLM word lists.
+"""Triton `preprocessing`: text → token ids, word strings → TensorRT-LLM word lists,
+bias words → a dense `EMBEDDING_BIAS` (`specdec.logit_bias`).
 
 Thin adapter: reads the tokenizer once; per request converts tensors and routes any
 `InputError` to a Triton INVALID_ARG error for that request only. A request of N
@@ -22,13 +23,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specdec.errors import validate_that
+from specdec.logit_bias import embedding_bias
 from specdec.model_config import flag, load_tokenizer
 from specdec.tensors import row_getters, scalar, strings
 from specdec.triton_glue import input_reader, respond_each
 from specdec.wordlist import encode_words, split_words, stack_word_lists, to_word_list
 
 _FIELDS = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
-           "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"}  # the ensemble's names
+           "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
+           "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
+           "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights"}  # the ensemble's names
 
 
 class TritonPythonModel:
@@ -40,6 +44,7 @@ class TritonPythonModel:
         pad = self.tokenizer.pad_token_id
         self.default_end_id = -1 if eos is None else int(eos)
         self.default_pad_id = int(pad) if pad is not None else self.default_end_id
+        self.vocab_size = len(self.tokenizer)
 
     def _encode_word(self, word: str) -> list[int]:
         return self.tokenizer.encode(word, add_special_tokens=False)
@@ -61,6 +66,10 @@ class TritonPythonModel:
                                                        self._encode_word)),
             "STOP_WORDS_IDS": to_word_list(encode_words(split_words(strings(get("STOP_WORDS_DICT"))),
                                                         self._encode_word)),
+            "EMBEDDING_BIAS": embedding_bias(
+                [scalar(w, "embedding_bias_words", "str") for w in strings(get("EMBEDDING_BIAS_WORDS"))],
+                [] if get("EMBEDDING_BIAS_WEIGHTS") is None else get("EMBEDDING_BIAS_WEIGHTS").reshape(-1).tolist(),
+                self._encode_word, self.vocab_size),
         }
 
     def _one(self, request) -> list:
@@ -77,6 +86,10 @@ class TritonPythonModel:
             outputs[name] = np.array([[r[name]] for r in rows], dtype=np.int32)  # [N, 1]
         for name in ("BAD_WORDS_IDS", "STOP_WORDS_IDS"):
             outputs[name] = stack_word_lists([r[name] for r in rows])  # [N, 2, L]
+        width = max(len(r["EMBEDDING_BIAS"]) for r in rows)  # vocab, or 0 when no entry has bias words
+        outputs["EMBEDDING_BIAS"] = np.zeros((n, width), dtype=np.float32)
+        for i, r in enumerate(rows):
+            outputs["EMBEDDING_BIAS"][i, :len(r["EMBEDDING_BIAS"])] = r["EMBEDDING_BIAS"]
         return [pb_utils.Tensor(name, value) for name, value in outputs.items()]
 
     def execute(self, requests):
