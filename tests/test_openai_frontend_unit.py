@@ -446,6 +446,32 @@ def test_streamed_choices_interleave_and_each_ends_once(front_tokenizer):
     assert chunks[-1]["usage"]["completion_tokens"] == count
 
 
+def test_merge_keeps_each_order_and_closing_it_closes_every_iterator():
+    from openai_frontend.merge import merge
+
+    closed = []
+
+    async def count(k, delay_s):
+        try:
+            for i in range(100):
+                await asyncio.sleep(delay_s)
+                yield k, i
+        finally:
+            closed.append(k)
+
+    async def scenario():
+        merged = merge([count(0, 0.003), count(1, 0.001), count(2, 0.002)])
+        got = [await merged.__anext__() for _ in range(12)]
+        await merged.aclose()
+        return got
+
+    got = run(scenario())
+    for k in range(3):
+        mine = [i for j, i in got if j == k]
+        assert mine == list(range(len(mine)))
+    assert {k for k, _ in got} == {0, 1, 2} and sorted(closed) == [0, 1, 2]
+
+
 def test_an_error_in_one_choice_closes_the_others(front_tokenizer):
     def script(arrays):
         if arrays["random_seed"].item() == 1:

@@ -1,6 +1,6 @@
-"""Several async iterators read as one: `merge(iterators)` yields `(position, item)`
-in the order the items arrive, as the front door interleaves the `n` choices of one
-request, each on its own Triton stream.
+"""Several async iterators read as one: `merge(iterators)` yields their items in the
+order they arrive, as the front door interleaves the `n` choices of one request, each
+on its own Triton stream (each item says which choice it belongs to).
 
 Leaving the merge early (the consumer breaks, is cancelled or raises), or an error from
 any iterator, cancels the reads still pending and closes every iterator, so each
@@ -15,9 +15,9 @@ from typing import AsyncIterator, Sequence, TypeVar
 T = TypeVar("T")
 
 
-async def merge(iterators: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """`(position in iterators, item)` as the items arrive; items of one iterator keep
-    their order, and of several ready at once the lower position comes first."""
+async def merge(iterators: Sequence[AsyncIterator[T]]) -> AsyncIterator[T]:
+    """The items as they arrive; items of one iterator keep their order, and of several
+    ready at once the one from the earlier iterator comes first."""
     pending: dict[asyncio.Future, int] = {}
     try:
         for position, iterator in enumerate(iterators):
@@ -31,7 +31,7 @@ async def merge(iterators: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[in
                 except StopAsyncIteration:
                     continue
                 pending[asyncio.ensure_future(iterators[position].__anext__())] = position
-                yield position, item
+                yield item
     finally:
         for future in pending:
             future.cancel()

@@ -295,7 +295,7 @@ class Frontend:
     def _deltas(self, calls: list[Call]) -> AsyncIterator[Delta]:
         if len(calls) == 1:
             return self._choice(calls[0])
-        return (delta async for _, delta in merge([self._choice(c) for c in calls]))
+        return merge([self._choice(c) for c in calls])  # closing it closes every choice's stream
 
     @staticmethod
     def _usage(calls: list[Call], outputs: dict[int, "Output"]) -> dict:
