@@ -131,6 +131,27 @@ def test_top_log_probs_are_the_targets_most_likely_tokens(engine, prompt, method
     assert not engine.generate(request(prompt, 4, method))[2].top_log_probs  # none asked, none sent
 
 
+def test_prompt_log_probs_score_the_prompt_as_decoding_scored_the_answer(engine, prompt):
+    """A greedy answer, sent back as part of a prompt with return_prompt_log_probs:
+    each of its tokens is the most likely one there, with the log-prob decoding gave
+    it; the prompt's own tokens get the target's log-softmax at the position before."""
+    n = 10
+    answer, lps, _ = engine.generate(request(prompt, n, "eagle2", return_log_probs=True))
+    steps = collect_steps(engine, [request(prompt + answer, 2, "eagle3", rid="p", return_prompt_log_probs=True,
+                                           top_log_probs=3)])["p"]
+    first, rest = steps[0], steps[1:]
+    assert len(first.prompt_log_probs) == len(first.prompt_top_log_probs) == len(prompt) + n - 1
+    assert not any(o.prompt_log_probs for o in rest)
+    for j in range(n):
+        top = first.prompt_top_log_probs[len(prompt) - 1 + j]
+        assert top[0][0] == answer[j] and math.isclose(top[0][1], lps[j], abs_tol=1e-4)
+        assert math.isclose(first.prompt_log_probs[len(prompt) - 1 + j], lps[j], abs_tol=1e-4)
+    logits = prefill_logits(engine.target, torch.tensor([prompt]))[0, :-1]  # [L - 1, V]
+    ref = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(first.prompt_log_probs, ref.tolist()))
+    assert not engine.generate(request(prompt, 2))[2].prompt_log_probs  # none asked, none sent
+
+
 def test_top_log_probs_of_a_sampled_token_come_from_its_distribution(engine, prompt):
     """Sampling with top_k 8: the alternatives are the filtered distribution's, which
     the 8 hold whole, and the drawn token is among them with its own log-prob."""

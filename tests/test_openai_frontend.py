@@ -294,6 +294,23 @@ def test_n_choices_and_several_prompts_answer_like_single_requests(served, name,
     assert greedy == [_complete(client, model, False, max_tokens=10, temperature=0)[0]] * 2
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_generation_would(served, tokenizer):
+    """The distribution after the prompt's last-but-one token, scored with echo and
+    logprobs, is the one a generation from there draws its first token from."""
+    client = served.client()
+    ids = tokenizer.encode(PROMPT)
+    scored = client.completions.create(model="speculative_decoding", prompt=ids, max_tokens=0, echo=True, logprobs=2)
+    choice, lp = scored.choices[0], scored.choices[0].logprobs
+    assert choice.text == tokenizer.decode(ids, skip_special_tokens=True) and choice.finish_reason == "length"
+    assert (scored.usage.prompt_tokens, scored.usage.completion_tokens) == (len(ids), 0)
+    assert len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) == 2 for t in lp.top_logprobs[1:])
+    after = client.completions.create(model="speculative_decoding", prompt=ids[:-1], max_tokens=1, temperature=0,
+                                      logprobs=2).choices[0].logprobs.top_logprobs[0]
+    assert after.keys() == lp.top_logprobs[-1].keys()
+    assert all(abs(after[t] - lp.top_logprobs[-1][t]) < 1e-4 for t in after)
+
+
 def test_token_id_prompts_and_echo(served, tokenizer):
     client = served.client()
     ids = tokenizer.encode(PROMPT)  # as the front door encodes the text prompt
@@ -350,7 +367,7 @@ BAD = [  # (endpoint, request fields, the field the 400 names)
     ("completions", {"n": 0}, "n"),
     ("completions", {"prompt": [PROMPT] * 50, "n": 3}, "n"),
     ("completions", {"logprobs": 21}, "logprobs"),
-    ("completions", {"echo": True, "logprobs": 0}, "echo"),
+    ("completions", {"max_tokens": 0}, "max_tokens"),
     ("completions", {"prompt": [[1, -2, 3]]}, "prompt"),
     ("completions", {"prompt": [[10 ** 9]]}, "prompt"),
     ("completions", {"max_tokens": "many"}, "max_tokens"),

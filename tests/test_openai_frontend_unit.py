@@ -32,9 +32,11 @@ ENSEMBLE_INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL
 TOKEN_INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL",
                 "runtime_top_p": "FP32", "runtime_top_k": "INT32", "temperature": "FP32", "random_seed": "UINT64",
                 "end_id": "INT32", "stop_words_list": "INT32", "return_log_probs": "BOOL", "min_tokens": "INT32",
-                "exclude_input_in_output": "BOOL", "top_log_probs": "INT32", "embedding_bias": "FP32"}
+                "exclude_input_in_output": "BOOL", "top_log_probs": "INT32", "embedding_bias": "FP32",
+                "return_prompt_log_probs": "BOOL"}
 ENSEMBLE = TargetModel("ensemble", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=True)
-TOKEN_OUTPUTS = {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs"}
+TOKEN_OUTPUTS = {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs",
+                 "prompt_log_probs", "prompt_top_token_ids", "prompt_top_log_probs"}
 TOKEN_MODEL = TargetModel("speculative_decoding", TOKENS, TOKEN_INPUTS, frozenset(TOKEN_OUTPUTS), batched=True)
 
 
@@ -116,7 +118,7 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (COMPLETIONS, {"prompt": ["a"] * 65, "n": 2}, "n"),
     (COMPLETIONS, {"logprobs": 21}, "logprobs"),
     (COMPLETIONS, {"logprobs": -1}, "logprobs"),
-    (COMPLETIONS, {"echo": True, "logprobs": 0}, "echo"),
+    (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),  # 0 only with echo
     (COMPLETIONS, {"echo": "yes"}, "echo"),
     (COMPLETIONS, {"suffix": "end"}, "suffix"),
     (COMPLETIONS, {"best_of": 2}, "best_of"),
@@ -335,6 +337,39 @@ def test_logit_bias_reaches_each_kind_of_model_in_its_own_inputs(front_tokenizer
         assert e.value.param == "logit_bias" and words in e.value.message
     frontend.prepare(parse_request({**CHAT_BODY, "model": "speculative_decoding",
                                     "logit_bias": {str(split): 1}}, CHAT))  # the token model takes it
+
+
+def test_echo_with_logprobs_scores_the_prompt(front_tokenizer):
+    prompt = "The three rivers"
+    ids = front_tokenizer.prompt_ids(prompt, templated=False)
+    scores = [-1.0 - i for i in range(len(ids) - 1)]
+    a, b = front_tokenizer.encode_word(" are long")[:2]
+
+    def script(arrays):
+        assert arrays["return_prompt_log_probs"].tolist() == [[True]]
+        return ScriptedStream([Piece(token_ids=[a], log_probs=[-0.5], top=[[(a, -0.5)]], prompt_log_probs=scores,
+                                     prompt_top=[[(t, s)] for t, s in zip(ids[1:], scores)]),
+                               Piece(token_ids=[b], log_probs=[-0.25], top=[[(b, -0.25)]], final=True)])
+
+    frontend = make_frontend(front_tokenizer, script)
+    texts = [front_tokenizer.token_text(t) for t in ids]
+    alone = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "prompt": prompt,
+                                                 "echo": True, "logprobs": 1, "max_tokens": 0}, COMPLETIONS)))
+    assert frontend.client.requests[-1]["request_output_len"].tolist() == [[1]]  # one token, dropped
+    choice = alone["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    assert alone["usage"]["completion_tokens"] == 0 and alone["usage"]["prompt_tokens"] == len(ids)
+    lp = choice["logprobs"]
+    assert lp["tokens"] == texts and lp["token_logprobs"] == [None] + scores
+    assert lp["top_logprobs"] == [None] + [{t: s} for t, s in zip(texts[1:], scores)]
+    assert lp["text_offset"] == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    both = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "prompt": prompt,
+                                                "echo": True, "logprobs": 1, "max_tokens": 2}, COMPLETIONS)))
+    lp = both["choices"][0]["logprobs"]
+    generated = [front_tokenizer.token_text(a), front_tokenizer.token_text(b)]
+    assert both["choices"][0]["text"] == prompt + "".join(generated)
+    assert lp["tokens"] == texts + generated and lp["token_logprobs"] == [None] + scores + [-0.5, -0.25]
+    assert lp["text_offset"][len(texts):] == [len(prompt), len(prompt) + len(generated[0])]
 
 
 def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):

@@ -216,8 +216,19 @@ def test_top_alternatives_travel_per_token_and_are_empty_unless_asked():
     assert np.allclose(last["output_top_log_probs"], [[[[-0.1, -3.0]] * 3]])
     plain = ResponseBuilder([1], ResponseOptions(streaming=True)).add(StepOutput("r", [10], [], True, "length"))
     assert plain["output_top_token_ids"].shape == (1, 1, 0, 0)
-    request, _ = build_request("r", _getter(**INFLIGHT_CLIENT, top_log_probs=np.array([[5]], np.int32)))
-    assert request.top_log_probs == 5
+    request, _ = build_request("r", _getter(**INFLIGHT_CLIENT, top_log_probs=np.array([[5]], np.int32),
+                                            return_prompt_log_probs=np.array([[True]])))
+    assert request.top_log_probs == 5 and request.return_prompt_log_probs
+
+
+def test_the_prompt_scores_go_out_once_with_the_first_response():
+    b = ResponseBuilder([1, 2, 3], ResponseOptions(streaming=True))
+    first = b.add(StepOutput("r", [10], [], False, prompt_log_probs=[-1.0, -2.0],
+                             prompt_top_log_probs=[[(2, -1.0)], [(7, -0.5)]]))
+    second = b.add(StepOutput("r", [11], [], True, "length"))
+    assert first["prompt_log_probs"].tolist() == [[[-1.0, -2.0]]]
+    assert first["prompt_top_token_ids"].tolist() == [[[[2], [7]]]]
+    assert second["prompt_log_probs"].shape == (1, 1, 0) and second["prompt_top_token_ids"].shape == (1, 1, 0, 0)
 
 
 def test_a_batch_answer_ends_with_its_last_entry():

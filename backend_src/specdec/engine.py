@@ -81,6 +81,7 @@ class RequestState:
     cancelled: bool = False
     finished: bool = False
     scheduled_ns: int = 0  # time.monotonic_ns() at admission (TensorRT-LLM's first_scheduled_time)
+    prompt_scores: Optional[dict] = None  # StepOutput's prompt_* fields, until the first output carries them
 
 
 @dataclass
@@ -352,6 +353,8 @@ class Engine:
                 firsts.append(self._first_token(s, logits[b : b + 1]))
                 if drafter is not None:
                     drafter.prefill(s, hidden[b, : lens[b]], aux[b, : lens[b]] if aux is not None else None)
+            scored = {b: self._prompt_scores(s, hidden[b, : lens[b] - 1]) for b, s in enumerate(states)
+                      if s.req.return_prompt_log_probs}
             # The prefill's one host sync: the first tokens are emitted from the host
             # (ids travel as float64, exact below 2**53, beside their log-probs), with the
             # K most likely ids and their log-probs where a request asked for alternatives.
@@ -364,9 +367,27 @@ class Engine:
                     parts += [top.indices.double(), top.values.double()]
                 rows.append(torch.cat(parts))
             host = torch.stack(rows).tolist()  # [B, 2 + 2K]
+            for b, scores in scored.items():  # asked for: one more transfer per such request
+                k, rows = states[b].req.top_log_probs, scores.tolist()  # [L - 1, 1 + 2k]
+                states[b].prompt_scores = {"prompt_log_probs": [r[0] for r in rows],
+                                           "prompt_top_log_probs": [top_pairs(r[1:], k, k) for r in rows] if k else []}
         for s, row in zip(states, host):
             top = [top_pairs(row[2:], K, s.req.top_log_probs)] if s.req.top_log_probs else None
             self._emit(s, [int(row[0])], [row[1]], top)
+
+    def _prompt_scores(self, state: RequestState, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [L - 1, H] at prompt positions 1..L-1 -> [L - 1, 1 + 2k] float64 on the
+        device: the log-prob of the prompt token that follows each position under the
+        target's own distribution (no sampling settings apply to a prompt), then the k
+        most likely ids and their log-probs (k = top_log_probs)."""
+        log_dist = torch.log_softmax(self.target.logits(hidden[None])[0].float(), -1)  # [L - 1, V]
+        following = to_device(state.tokens[1: hidden.shape[0] + 1], self.device, torch.long)
+        parts = [log_dist.gather(1, following[:, None]).double()]
+        k = state.req.top_log_probs
+        if k:
+            top = log_dist.topk(k, dim=-1)
+            parts += [top.indices.double(), top.values.double()]
+        return torch.cat(parts, dim=1)
 
     def _first_token(self, state: RequestState, logits: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -585,8 +606,9 @@ class Engine:
         if reason is not None:
             self._finish(state, emitted, reason, log_probs=lps, top_log_probs=tops)
         else:
+            prompt, state.prompt_scores = state.prompt_scores or {}, None
             state.emit(StepOutput(state.req.request_id, emitted, lps, False, None, None, state.stats,
-                                  state.scheduled_ns, top_log_probs=tops))
+                                  state.scheduled_ns, top_log_probs=tops, **prompt))
 
     def _finish(self, state: RequestState, tokens: list[int], reason: str, error: Optional[str] = None,
                 log_probs: Optional[list[float]] = None,
@@ -599,6 +621,7 @@ class Engine:
         drafter = self.drafters.get(state.settings.method)
         if drafter is not None and state.draft is not None:
             drafter.release(state)
+        prompt, state.prompt_scores = state.prompt_scores or {}, None
         state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats,
-                              state.scheduled_ns, top_log_probs=top_log_probs or []))
+                              state.scheduled_ns, top_log_probs=top_log_probs or [], **prompt))
 

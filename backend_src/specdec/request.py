@@ -93,6 +93,9 @@ class GenerationRequest:
     # alternatives per output token: the most likely ids of the distribution the token was
     # drawn from, with their log-probs (OpenAI's top_logprobs); 0 for none
     top_log_probs: int = 0
+    # each prompt token's log-prob under the target's own distribution after the tokens
+    # before it (and its top_log_probs alternatives), on the first output
+    return_prompt_log_probs: bool = False
     return_perf_metrics: bool = False
 
     def validate(self, vocab_size: int, max_context: int, max_tokens_limit: int) -> None:
@@ -155,3 +158,7 @@ class StepOutput:
     scheduled_ns: int = 0  # time.monotonic_ns() when the request got its KV slot; 0 while it waits
     # one list per token when top_log_probs > 0, else empty: (token id, log-prob), most likely first
     top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # on the request's first output with return_prompt_log_probs: prompt tokens 2..L, each
+    # token's log-prob (and its alternatives when top_log_probs > 0); empty otherwise
+    prompt_log_probs: list[float] = field(default_factory=list)
+    prompt_top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)

@@ -154,6 +154,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
         sampling=sampling, spec=spec, logit_bias=sparse_bias(get("embedding_bias")),
         return_log_probs=_first(get, ("return_log_probs",), "bool", False),
         top_log_probs=_first(get, ("top_log_probs",), "int", 0),
+        return_prompt_log_probs=_first(get, ("return_prompt_log_probs",), "bool", False),
         return_perf_metrics=_first(get, ("return_perf_metrics",), "bool", False),
     )
     options = ResponseOptions(
@@ -191,6 +192,8 @@ class ResponseBuilder:
     pending: list[int] = field(default_factory=list)  # tokens not yet sent
     pending_log_probs: list[float] = field(default_factory=list)
     pending_top: list[list[tuple[int, float]]] = field(default_factory=list)  # alternatives per token
+    prompt_log_probs: list[float] = field(default_factory=list)  # until the first response carries them
+    prompt_top: list[list[tuple[int, float]]] = field(default_factory=list)
     cum_log_prob: float = 0.0
     first_token_ns: int = 0
     last_token_ns: int = 0
@@ -205,6 +208,8 @@ class ResponseBuilder:
         self.pending.extend(step.token_ids)
         self.pending_log_probs.extend(step.log_probs)
         self.pending_top.extend(step.top_log_probs)
+        self.prompt_log_probs.extend(step.prompt_log_probs)
+        self.prompt_top.extend(step.prompt_top_log_probs)
         if not step.finished and (not self.options.streaming or not step.token_ids):
             return None
         new = list(self.pending)
@@ -223,8 +228,13 @@ class ResponseBuilder:
                 1, 1, len(self.pending_log_probs)),
             # [1, 1, tokens, K]: the K most likely ids of each token's distribution and
             # their log-probs (top_log_probs: K; tokens 0 without it)
-            "output_top_token_ids": self._top(0, np.int32),
-            "output_top_log_probs": self._top(1, np.float32),
+            "output_top_token_ids": _top(self.pending_top, 0, np.int32),
+            "output_top_log_probs": _top(self.pending_top, 1, np.float32),
+            # the prompt's tokens 2..L scored (return_prompt_log_probs): in the first response only
+            "prompt_log_probs": np.array(self.prompt_log_probs, dtype=np.float32).reshape(
+                1, 1, len(self.prompt_log_probs)),
+            "prompt_top_token_ids": _top(self.prompt_top, 0, np.int32),
+            "prompt_top_log_probs": _top(self.prompt_top, 1, np.float32),
             "batch_index": _one(self.options.batch_index, np.int32),
             "sequence_index": _one(0, np.int32),
             "kv_cache_alloc_new_blocks": _one(int(scheduled), np.int32),
@@ -243,13 +253,15 @@ class ResponseBuilder:
         }
         self.sent.extend(self.pending)
         self.pending, self.pending_log_probs, self.pending_top = [], [], []
+        self.prompt_log_probs, self.prompt_top = [], []
         return arrays
 
-    def _top(self, field_index: int, dtype) -> np.ndarray:
-        """Ids (field 0) or log-probs (1) of the pending tokens' alternatives, [1, 1, T, K]."""
-        k = len(self.pending_top[0]) if self.pending_top else 0
-        values = [[pair[field_index] for pair in token] for token in self.pending_top]
-        return np.array(values, dtype=dtype).reshape(1, 1, len(self.pending_top), k)
+
+def _top(alternatives: list[list[tuple[int, float]]], field_index: int, dtype) -> np.ndarray:
+    """Ids (field 0) or log-probs (1) of each token's alternatives, [1, 1, T, K]."""
+    k = len(alternatives[0]) if alternatives else 0
+    values = [[pair[field_index] for pair in token] for token in alternatives]
+    return np.array(values, dtype=dtype).reshape(1, 1, len(alternatives), k)
 
 
 @dataclass

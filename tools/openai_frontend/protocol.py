@@ -14,7 +14,8 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              top_logprobs (0-20, with logprobs), tools (none), response_format (text only)
     text     prompt (a string, a list of token ids, or a list of either: one answer per
              prompt), logprobs (0-20: the sampled token's log-probability and that many
-             alternatives), echo (not with logprobs), suffix (none), best_of (n only)
+             alternatives), echo (with logprobs: the prompt's scored too; max_tokens 0 then
+             scores the prompt alone), suffix (none), best_of (n only)
     extra    top_k, min_tokens, repetition_penalty, ignore_eos (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens
@@ -189,14 +190,13 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         top_logprobs = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOG_PROBS)
         logprobs, top_logprobs = top_logprobs is not None, top_logprobs or 0
         echo = bool(_bool(body, "echo"))
-        if echo and logprobs:
-            raise bad_field("echo", "echo with logprobs is not supported (the prompt's log-probabilities "
-                                    "are not returned)")
         _only(body, "suffix", ("",), "suffix is not supported")
         best_of = _int(body, "best_of", lo=1)
         if best_of is not None and best_of != n:
             raise bad_field("best_of", f"must equal n ({n}): every sampled choice is returned, got {best_of}")
-        max_tokens = _int(body, "max_tokens", lo=1)
+        max_tokens = _int(body, "max_tokens", lo=0)
+        if max_tokens == 0 and not echo:
+            raise bad_field("max_tokens", "must be >= 1 (0 only with echo: the prompt alone, scored with logprobs)")
 
     sampling: dict[str, Any] = {
         "temperature": _number(body, "temperature", lo=0.0, hi=2.0),

@@ -23,13 +23,13 @@ LOGPROB_FLOOR = -9999.0
 @dataclass(frozen=True)
 class TokenLogProb:
     token: str  # the token's own text
-    logprob: float
+    logprob: Optional[float]  # None: a prompt's first token (nothing before it to score it)
     offset: int  # where the token starts in the generated text (completions' text_offset)
     top: tuple[tuple[str, float], ...] = ()  # the most likely tokens there (text, log-prob), when asked
 
 
-def _finite(logprob: float) -> float:
-    return max(logprob, LOGPROB_FLOOR)
+def _finite(logprob: Optional[float]) -> Optional[float]:
+    return None if logprob is None else max(logprob, LOGPROB_FLOOR)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -44,7 +44,8 @@ def logprobs_json(endpoint: str, entries: Sequence[TokenLogProb], top: bool = Fa
                              "top_logprobs": [{"token": t, "logprob": _finite(lp), "bytes": list(t.encode("utf-8"))}
                                               for t, lp in e.top]} for e in entries]}
     return {"tokens": [e.token for e in entries], "token_logprobs": [_finite(e.logprob) for e in entries],
-            "top_logprobs": [{t: _finite(lp) for t, lp in e.top} for e in entries] if top else None,
+            "top_logprobs": [None if e.logprob is None else {t: _finite(lp) for t, lp in e.top} for e in entries]
+            if top else None,
             "text_offset": [e.offset for e in entries]}
 
 

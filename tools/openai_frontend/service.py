@@ -24,7 +24,7 @@ Owns the rules that tie the other modules together:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Optional
 
 import numpy as np
@@ -55,6 +55,7 @@ class Call:
     index: int  # the choice's index in the answer: prompt * n + choice
     request_id: str
     echo: str = ""  # the text that leads the answer (completions' echo)
+    prompt_ids: tuple[int, ...] = ()  # set when the prompt's tokens are scored (echo with logprobs)
 
 
 @dataclass
@@ -243,14 +244,16 @@ class Frontend:
     def _call(self, gen: Generation, target: TargetModel, prompt: Prompt, ids: list[int], choice: int,
               index: int, request_id: str, bias: dict) -> Call:
         templated = gen.endpoint == CHAT
-        max_tokens = gen.max_tokens or self.default_max_tokens
+        max_tokens = self.default_max_tokens if gen.max_tokens is None else gen.max_tokens
+        score_prompt = gen.echo and gen.logprobs
         sampling = dict(gen.sampling)
         if "seed" in sampling:  # n seeded choices that differ, and repeat
             sampling["seed"] = (sampling["seed"] + choice) % 2 ** 64
         # A request with stop strings streams from the model even when its client does not:
         # the front door then ends the generation at the first match on the text.
-        values = {"max_tokens": max_tokens, "stream": gen.stream or bool(gen.stop), **sampling, **gen.speculative,
-                  **bias}
+        # max_tokens 0 (echo): the engine generates one token, which is dropped here
+        values = {"max_tokens": max(max_tokens, 1), "stream": gen.stream or bool(gen.stop), **sampling,
+                  **gen.speculative, **bias}
         if target.kind == TEXT:
             values["text_input"] = self.tokenizer.text_prompt(prompt, templated)
             values["stop_words"] = [csv_word(w) for w in gen.stop] or None
@@ -264,11 +267,13 @@ class Frontend:
             values["end_id"] = -1 if gen.ignore_eos or eos is None else eos
             values["return_log_probs"] = True if gen.logprobs else None
             values["top_log_probs"] = gen.top_logprobs or None
+            values["return_prompt_log_probs"] = True if score_prompt else None
         if "exclude_input_in_output" in target.inputs:  # the answer is the new text only
             values["exclude_input_in_output"] = True
         echo = "" if not gen.echo else prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)
-        outputs = wanted_outputs(target, gen.logprobs, top=gen.top_logprobs > 0)
-        return Call(gen, target, build_inputs(target, values), outputs, len(ids), max_tokens, index, request_id, echo)
+        outputs = wanted_outputs(target, gen.logprobs, top=gen.top_logprobs > 0, prompt=score_prompt)
+        return Call(gen, target, build_inputs(target, values), outputs, len(ids), max_tokens, index, request_id, echo,
+                    tuple(ids) if score_prompt else ())
 
     def _token_models(self) -> str:
         """The words that send a client to a token-level model, naming the served ones."""
@@ -280,17 +285,39 @@ class Frontend:
         yielded before Triton's first response (the echo comes with it)."""
         out = Output(call, self.tokenizer, self.max_context)
         stream = self.client.stream(call.target, call.arrays, call.request_id, call.outputs)
-        lead = call.echo
+        lead, shift = call.echo, len(call.echo)  # generated tokens' text offsets start after the echo
+        first = True
         try:
             async for piece in stream:
-                text, entries = out.add(piece)
-                yield Delta(call.index, lead + text, entries)
+                scored = self._prompt_entries(call, piece) if first else []
+                first = False
+                if call.max_tokens == 0:  # the prompt alone: the one generated token is dropped
+                    text, entries = "", []
+                else:
+                    text, entries = out.add(piece)
+                    entries = [replace(e, offset=e.offset + shift) for e in entries] if shift else entries
+                yield Delta(call.index, lead + text, scored + entries)
                 lead = ""
-                if piece.final or out.stopped:
+                if piece.final or out.stopped or call.max_tokens == 0:
                     break
         finally:
             stream.close()
         yield Delta(call.index, lead, [], out)
+
+    def _prompt_entries(self, call: Call, piece: Piece) -> list[TokenLogProb]:
+        """The scored prompt's log-prob entries (echo with logprobs), from the first
+        response: the first token has none, as in OpenAI's and vLLM's answers."""
+        if not call.prompt_ids:
+            return []
+        entries, offset = [], 0
+        tops = piece.prompt_top or [()] * len(piece.prompt_log_probs)
+        scores = [(None, ())] + list(zip(piece.prompt_log_probs, tops))
+        for token_id, (logprob, top) in zip(call.prompt_ids, scores):
+            token = self.tokenizer.token_text(token_id)
+            alternatives = tuple((self.tokenizer.token_text(i), float(lp)) for i, lp in top)
+            entries.append(TokenLogProb(token, logprob, offset, alternatives))
+            offset += len(token)
+        return entries
 
     def _deltas(self, calls: list[Call]) -> AsyncIterator[Delta]:
         if len(calls) == 1:

@@ -97,6 +97,9 @@ class Piece:
     final: bool = False
     num_tokens: Optional[int] = None  # TEXT: the tokens behind `text`, when the model says (num_output_tokens)
     top: Sequence[Sequence[tuple[int, float]]] = ()  # TOKENS: each token's alternatives, when asked
+    # TOKENS, first response, when asked: prompt tokens 2..L scored, and their alternatives
+    prompt_log_probs: Sequence[float] = ()
+    prompt_top: Sequence[Sequence[tuple[int, float]]] = ()
 
 
 def csv_word(word: str) -> str:
@@ -135,7 +138,7 @@ def build_inputs(target: TargetModel, values: dict[str, Any]) -> dict[str, np.nd
     return arrays
 
 
-def wanted_outputs(target: TargetModel, log_probs: bool, top: bool = False) -> list[str]:
+def wanted_outputs(target: TargetModel, log_probs: bool, top: bool = False, prompt: bool = False) -> list[str]:
     """The outputs a generation reads: Triton then sends only these (an ensemble declares
     many more, and every streamed response would carry them all)."""
     names = ["text_output", "num_output_tokens"] if target.kind == TEXT else ["output_ids", "sequence_length"]
@@ -143,6 +146,8 @@ def wanted_outputs(target: TargetModel, log_probs: bool, top: bool = False) -> l
         names.append("output_log_probs")
     if top:
         names += ["output_top_token_ids", "output_top_log_probs"]
+    if prompt:
+        names += ["prompt_log_probs"] + (["prompt_top_token_ids", "prompt_top_log_probs"] if top else [])
     return [n for n in names if n in target.outputs]
 
 
@@ -162,13 +167,19 @@ def response_piece(target: TargetModel, get, final: bool) -> Piece:
     length = get("sequence_length")
     if length is not None and length.size:
         ids = ids[:int(length.reshape(-1)[0])]
-    top_ids, top_log_probs = get("output_top_token_ids"), get("output_top_log_probs")
-    top = []
-    if top_ids is not None and top_log_probs is not None and top_ids.size:
-        k = top_ids.shape[-1]  # [1, 1, tokens, k]
-        top = [list(zip(i, lp)) for i, lp in zip(top_ids.reshape(-1, k).tolist(),
-                                                  top_log_probs.reshape(-1, k).tolist())][:len(ids)]
-    return Piece(token_ids=ids, log_probs=log_probs[:len(ids)], final=final, top=top)
+    prompt_log_probs = get("prompt_log_probs")
+    return Piece(token_ids=ids, log_probs=log_probs[:len(ids)], final=final,
+                 top=_alternatives(get("output_top_token_ids"), get("output_top_log_probs"))[:len(ids)],
+                 prompt_log_probs=[] if prompt_log_probs is None else prompt_log_probs.reshape(-1).tolist(),
+                 prompt_top=_alternatives(get("prompt_top_token_ids"), get("prompt_top_log_probs")))
+
+
+def _alternatives(ids: Optional[np.ndarray], log_probs: Optional[np.ndarray]) -> list[list[tuple[int, float]]]:
+    """[1, 1, tokens, k] ids and log-probs as one list of (id, log-prob) per token."""
+    if ids is None or log_probs is None or not ids.size:
+        return []
+    k = ids.shape[-1]
+    return [list(zip(i, lp)) for i, lp in zip(ids.reshape(-1, k).tolist(), log_probs.reshape(-1, k).tolist())]
 
 
 def triton_error(message: str) -> OpenAIError:
