@@ -571,6 +571,33 @@ def test_the_api_key_is_checked(front_tokenizer):
         assert requests.get(url + "/health", timeout=5).status_code == 200  # no key needed
 
 
+def test_tokenize_and_detokenize_as_vllm_answers_them(front_tokenizer):
+    import requests
+
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream([Piece(text="ok", final=True)]))
+    messages = [{"role": "user", "content": "hi"}]
+    with serving(frontend, api_key="k") as url:
+        auth = {"Authorization": "Bearer k"}
+        post = lambda path, body: requests.post(url + path, json=body, headers=auth, timeout=10)  # noqa: E731
+        r = post("/tokenize", {"model": "ensemble", "prompt": "Hello there"}).json()
+        assert r["tokens"] == front_tokenizer.prompt_ids("Hello there", templated=False)
+        assert (r["count"], r["max_model_len"]) == (len(r["tokens"]), 512)
+        r = post("/tokenize", {"model": "ensemble", "messages": messages}).json()
+        assert r["tokens"] == front_tokenizer.prompt_ids(front_tokenizer.chat_prompt(messages), templated=True)
+        bare = post("/tokenize", {"model": "ensemble", "messages": messages, "add_generation_prompt": False}).json()
+        assert bare["count"] < r["count"] and r["tokens"][:bare["count"]] == bare["tokens"]
+        assert post("/detokenize", {"model": "ensemble", "tokens": r["tokens"]}).json()["prompt"] == \
+            front_tokenizer.decode(r["tokens"])
+        for path, body, param in (("/tokenize", {"model": "ensemble", "prompt": 5}, "prompt"),
+                                  ("/detokenize", {"model": "ensemble", "tokens": [-1]}, "tokens"),
+                                  ("/tokenize", {"prompt": "x"}, "model")):
+            answer = post(path, body)
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+        assert post("/tokenize", {"model": "gpt-4", "prompt": "x"}).status_code == 404
+        keyless = requests.post(url + "/tokenize", json={"model": "ensemble", "prompt": "x"}, timeout=10)
+        assert keyless.status_code == 401
+
+
 def test_errors_are_openai_json(front_tokenizer):
     import requests
 

@@ -6,6 +6,7 @@ Server-Sent Events. Everything else is `service.Frontend`'s.
     GET  /v1/models/{model}
     POST /v1/completions
     POST /v1/chat/completions    stream: true answers `data: {chunk}` events, then `data: [DONE]`
+    POST /tokenize, /detokenize  vLLM's: a prompt (or chat messages) to token ids and back
 
 The server runs with aiohttp's handler cancellation: a client that disconnects
 cancels its handler task, and the generation's gRPC stream is closed on the way out,
@@ -46,7 +47,7 @@ def api_key_middleware(api_key: str):
 
     @web.middleware
     async def check(request: web.Request, handler):
-        if request.path.startswith("/v1/"):
+        if request.path != "/health":
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if not header:
@@ -93,6 +94,14 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    return web.json_response(request.app[FRONTEND_KEY].tokenize(await _json_body(request)), dumps=_dumps)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    return web.json_response(request.app[FRONTEND_KEY].detokenize(await _json_body(request)), dumps=_dumps)
+
+
 def generation_handler(endpoint: str):
     async def handle(request: web.Request) -> web.StreamResponse:
         frontend = request.app[FRONTEND_KEY]
@@ -136,4 +145,6 @@ def create_app(frontend: Frontend, api_key: Optional[str] = None) -> web.Applica
     app.router.add_get("/v1/models/{model}", model)
     app.router.add_post("/v1/completions", generation_handler(COMPLETIONS))
     app.router.add_post("/v1/chat/completions", generation_handler(CHAT))
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     return app

@@ -230,6 +230,16 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         speculative={k: v for k, v in speculative.items() if v is not None})
 
 
+def tokenize_model(body: Any) -> str:
+    """The `model` of a /tokenize or /detokenize body (vLLM's endpoints)."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    model = _str(body, "model")
+    if not model:
+        raise bad_field("model", "is required")
+    return model
+
+
 def _logit_bias(body: dict) -> dict[int, float]:
     """OpenAI's `logit_bias`: an object of token ids (as strings) to biases in [-100, 100]."""
     bias = body.get("logit_bias")

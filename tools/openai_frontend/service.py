@@ -33,7 +33,7 @@ from specdec.config import EngineConfig
 from specdec.wordlist import encode_words, to_word_list
 
 from .merge import merge
-from .protocol import CHAT, Generation, OpenAIError, Prompt, bad_field
+from .protocol import CHAT, Generation, OpenAIError, Prompt, bad_field, parse_request, tokenize_model
 from .responses import Shapes, TokenLogProb, usage
 from .stops import StopMatcher
 from .tokenization import Tokenizer
@@ -172,6 +172,34 @@ class Frontend:
             raise OpenAIError(404, f"The model '{name}' does not exist (served: {', '.join(self.names)})",
                               param="model", code="model_not_found")
         return target
+
+    # -- tokenizer endpoints (vLLM's) ------------------------------------------------------
+    def tokenize(self, body: dict) -> dict:
+        """vLLM's /tokenize: a `prompt` as a text prompt is encoded, or `messages` in the
+        chat template (`add_generation_prompt`, default true), for a served `model`."""
+        self._target(tokenize_model(body))
+        if "messages" in body:
+            messages = parse_request({"model": "m", "messages": body["messages"]}, CHAT).messages
+            add = body.get("add_generation_prompt", True)
+            if not isinstance(add, bool):
+                raise bad_field("add_generation_prompt", f"must be a boolean, got {add!r}")
+            ids = self.tokenizer.prompt_ids(self.tokenizer.chat_prompt(messages, add), templated=True)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise bad_field("prompt", f"must be a string (or send messages), got {prompt!r}")
+            ids = self.tokenizer.prompt_ids(prompt, templated=False)
+        return {"count": len(ids), "max_model_len": self.max_context, "tokens": ids}
+
+    def detokenize(self, body: dict) -> dict:
+        """vLLM's /detokenize: `tokens` back to text, decoded as outputs are."""
+        self._target(tokenize_model(body))
+        tokens = body.get("tokens")
+        vocab = len(self.tokenizer.hf)
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                                   for t in tokens):
+            raise bad_field("tokens", f"must be a list of token ids in [0, {vocab}), got {tokens!r}")
+        return {"prompt": self.tokenizer.decode(tokens)}
 
     # -- requests -------------------------------------------------------------------------
     def shapes(self, gen: Generation) -> Shapes:

@@ -41,13 +41,15 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.chat_template or getattr(self.hf, "chat_template", None))
 
-    def chat_prompt(self, messages: Sequence[dict]) -> str:
-        """The prompt text for `messages`, ending with the assistant's turn opening."""
+    def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for `messages`, ending with the assistant's turn opening (unless
+        `add_generation_prompt` is false)."""
         if not self.has_chat_template:
             raise bad_field("messages", f"the tokenizer in {self.directory} has no chat template: use "
                                         f"/v1/completions, or start the front door with --chat-template FILE")
         try:
-            return self.hf.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+            return self.hf.apply_chat_template(list(messages), tokenize=False,
+                                               add_generation_prompt=add_generation_prompt,
                                                chat_template=self.chat_template)
         except Exception as e:  # jinja2 errors, raise_exception() in a template (e.g. role order)
             raise bad_field("messages", f"the chat template refused them: {e}") from None
