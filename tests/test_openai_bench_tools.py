@@ -1,6 +1,7 @@
-"""AIPerf's comparison tool and the front door's overhead bench, without a server:
-AIPerf's command shape per endpoint, reading its exports into GenAI-Perf's tables,
-and the overhead summary (ratios within a repeat, CPU per 1000 tokens)."""
+"""AIPerf's comparison tool, the front door's overhead bench and lm-evaluation-harness's
+comparison, without a server: AIPerf's command shape per endpoint, reading its exports
+into GenAI-Perf's tables, the overhead summary (ratios within a repeat, CPU per 1000
+tokens), and which lm_eval samples answer as the reference run."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import os
 import pytest
 
 import aiperf_compare as apc
+import lm_eval_compare as lec
 import openai_overhead as ovh
 
 STATS = ("avg", "min", "max", "p99", "p90", "p75", "p50")
@@ -138,3 +140,29 @@ def test_cpu_accounting_sees_this_process():
     busy = sum(i * i for i in range(300_000))  # some CPU
     assert busy > 0 and ovh.tree_cpu(os.getpid()) > 0
     assert ovh.tree_cpu(os.getpid(), exclude=os.getpid()) == 0 and ovh.tree_cpu(None) == 0
+
+
+def _lm_eval_run(root, name, loglikelihoods, texts):
+    """An lm_eval --output_path folder with --log_samples output for two tasks."""
+    folder = root / name / "model_name"
+    folder.mkdir(parents=True)
+    choice = [{"doc_id": i, "resps": [[[str(v), "False"]] for v in values], "acc": float(i == 0)}
+              for i, values in enumerate(loglikelihoods)]
+    gen = [{"doc_id": i, "resps": [[t]], "exact_match": float(t == "5")} for i, t in enumerate(texts)]
+    for task, samples in (("specdec_capitals", choice), ("specdec_arithmetic", gen)):
+        (folder / f"samples_{task}_2026-11-26T10-00-00.jsonl").write_text(
+            "\n".join(json.dumps(s) for s in reversed(samples)) + "\n")
+    return root / name
+
+
+def test_lm_eval_compare_counts_the_answers_that_match_the_reference(tmp_path):
+    ref = _lm_eval_run(tmp_path, "hf", [[-1.0, -2.0], [-3.0, -0.5]], ["5", "7"])
+    near = _lm_eval_run(tmp_path, "served", [[-1.0004, -2.0], [-3.0, -0.5]], ["5", "8"])
+    far = _lm_eval_run(tmp_path, "other", [[-1.01, -2.0], [-3.0, -0.5]], ["5", "7"])
+    rows = {(r["task"], r["run"]): r for r in lec.compare([ref, near, far], tolerance=1e-3)}
+    assert rows[("specdec_capitals", "served")]["same_as_reference"] == 2
+    assert rows[("specdec_capitals", "other")]["same_as_reference"] == 1
+    assert rows[("specdec_arithmetic", "served")]["same_as_reference"] == 1
+    assert rows[("specdec_arithmetic", "hf")]["value"] == 0.5 and rows[("specdec_capitals", "hf")]["value"] == 0.5
+    text = lec.markdown(list(rows.values()), "cmd", "hf", 1e-3)
+    assert "| specdec_capitals | other | acc | 0.5000 | 1 / 2 |" in text
