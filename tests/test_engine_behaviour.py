@@ -115,10 +115,11 @@ def test_top_log_probs_are_the_targets_most_likely_tokens(engine, prompt, method
     the method and a batch neighbour's K."""
     n = 12
     steps = collect_steps(engine, [request(prompt, n, method, rid="five", return_log_probs=True, top_log_probs=5),
-                                   request(code_prompts(3, 64)[0], n, "eagle3", rid="two", top_log_probs=2)])
-    for rid, k in (("five", 5), ("two", 2)):
+                                   request(code_prompts(3, 64)[0], n, "eagle3", rid="two", top_log_probs=2),
+                                   request(code_prompts(3, 64)[1], n, "eagle2", rid="none")])
+    for rid, k in (("five", 5), ("two", 2), ("none", 0)):
         tops = [t for o in steps[rid] for t in o.top_log_probs]
-        assert len(tops) == n and all(len(t) == k for t in tops)
+        assert len(tops) == (n if k else 0) and all(len(t) == k for t in tops)
     tokens = [t for o in steps["five"] for t in o.token_ids]
     lps = [p for o in steps["five"] for p in o.log_probs]
     tops = [t for o in steps["five"] for t in o.top_log_probs]
@@ -131,10 +132,13 @@ def test_top_log_probs_are_the_targets_most_likely_tokens(engine, prompt, method
     assert not engine.generate(request(prompt, 4, method))[2].top_log_probs  # none asked, none sent
 
 
-def test_prompt_log_probs_score_the_prompt_as_decoding_scored_the_answer(engine, prompt):
+def test_prompt_log_probs_score_the_prompt_as_decoding_scored_the_answer(engine, prompt, monkeypatch):
     """A greedy answer, sent back as part of a prompt with return_prompt_log_probs:
     each of its tokens is the most likely one there, with the log-prob decoding gave
-    it; the prompt's own tokens get the target's log-softmax at the position before."""
+    it; the prompt's own tokens get the target's log-softmax at the position before
+    (the LM head in chunks of 7 positions here)."""
+    import specdec.engine
+    monkeypatch.setattr(specdec.engine, "SCORE_CHUNK", 7)
     n = 10
     answer, lps, _ = engine.generate(request(prompt, n, "eagle2", return_log_probs=True))
     steps = collect_steps(engine, [request(prompt + answer, 2, "eagle3", rid="p", return_prompt_log_probs=True,

@@ -52,6 +52,7 @@ from .drafters.loader import load_drafters
 from .stopping import cut_new_tokens
 
 Emit = Callable[[StepOutput], None]
+SCORE_CHUNK = 512  # prompt positions per LM-head call when scoring a prompt
 
 
 def top_pairs(values: list[float], K: int, k: int) -> list[tuple[int, float]]:
@@ -379,15 +380,40 @@ class Engine:
         """hidden [L - 1, H] at prompt positions 1..L-1 -> [L - 1, 1 + 2k] float64 on the
         device: the log-prob of the prompt token that follows each position under the
         target's own distribution (no sampling settings apply to a prompt), then the k
-        most likely ids and their log-probs (k = top_log_probs)."""
-        log_dist = torch.log_softmax(self.target.logits(hidden[None])[0].float(), -1)  # [L - 1, V]
+        most likely ids and their log-probs (k = top_log_probs). The LM head runs over
+        `SCORE_CHUNK` positions at a time, so a long prompt never holds [L, V] logits."""
         following = to_device(state.tokens[1: hidden.shape[0] + 1], self.device, torch.long)
-        parts = [log_dist.gather(1, following[:, None]).double()]
         k = state.req.top_log_probs
-        if k:
-            top = log_dist.topk(k, dim=-1)
-            parts += [top.indices.double(), top.values.double()]
-        return torch.cat(parts, dim=1)
+        chunks = []
+        for start in range(0, hidden.shape[0], SCORE_CHUNK):
+            part = hidden[start: start + SCORE_CHUNK]
+            log_dist = torch.log_softmax(self.target.logits(part[None])[0].float(), -1)  # [chunk, V]
+            cols = [log_dist.gather(1, following[start: start + len(part), None]).double()]
+            if k:
+                top = log_dist.topk(k, dim=-1)
+                cols += [top.indices.double(), top.values.double()]
+            chunks.append(torch.cat(cols, dim=1))
+        return torch.cat(chunks) if chunks else torch.zeros(0, 1 + 2 * k, dtype=torch.float64, device=self.device)
+
+    @staticmethod
+    def _path_alternatives(states: list[RequestState], log_dist: torch.Tensor, nodes: torch.Tensor, K: int
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K most likely ids and their log-probs after each path node, [B, N * K] each
+        (float64), for the requests that asked (zeros for the others): log_dist [B, N, V],
+        nodes [B, N] the accepted path (padded with 0). Only the asking rows are ranked."""
+        B, N, _ = log_dist.shape
+        asked = [b for b, s in enumerate(states) if s.req.top_log_probs]
+        rows = log_dist if len(asked) == B else log_dist[to_device(asked, log_dist.device)]
+        top = rows.topk(K, dim=-1)  # [B', N, K] after every node
+        path = (nodes if len(asked) == B else nodes[to_device(asked, nodes.device)])[:, :, None].expand(-1, -1, K)
+        ids, values = top.indices.gather(1, path), top.values.gather(1, path)  # [B', N, K] along the path
+        if len(asked) == B:
+            return ids.flatten(1).double(), values.flatten(1).double()
+        full_ids = torch.zeros(B, N * K, dtype=torch.float64, device=log_dist.device)
+        full_values = torch.zeros_like(full_ids)
+        index = to_device(asked, log_dist.device)
+        full_ids[index], full_values[index] = ids.flatten(1).double(), values.flatten(1).double()
+        return full_ids, full_values
 
     def _first_token(self, state: RequestState, logits: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -530,9 +556,8 @@ class Engine:
             nxt = torch.where(torch.arange(N, device=dev)[None] >= accept_len[:, None], bonus[:, None], nxt)
             path_lp = log_dist[torch.arange(B, device=dev)[:, None], nodes, nxt]  # [B, N]
             result = torch.cat((result.double(), path_lp.double()), dim=1)  # ids exact in float64
-            if K:  # the K most likely tokens after each path node: [B, N, K] ids, then log-probs
-                top = log_dist[torch.arange(B, device=dev)[:, None], nodes].topk(K, dim=-1)
-                result = torch.cat((result, top.indices.flatten(1).double(), top.values.flatten(1).double()), dim=1)
+            if K:  # the K most likely tokens after each path node: [B, N * K] ids, then log-probs
+                result = torch.cat((result, *self._path_alternatives(states, log_dist, nodes, K)), dim=1)
         # The step's one necessary host sync: the accepted tokens are emitted from the host.
         host = result.tolist()
         if log_dist is not None:
