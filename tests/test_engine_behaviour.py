@@ -156,10 +156,11 @@ def test_prompt_log_probs_score_the_prompt_as_decoding_scored_the_answer(engine,
     assert not engine.generate(request(prompt, 2))[2].prompt_log_probs  # none asked, none sent
 
 
-def test_top_log_probs_of_a_sampled_token_come_from_its_distribution(engine, prompt):
+@pytest.mark.parametrize("method", ["eagle2", "draft_model"])  # drafts proposed by top-k, and sampled (q)
+def test_top_log_probs_of_a_sampled_token_come_from_its_distribution(engine, prompt, method):
     """Sampling with top_k 8: the alternatives are the filtered distribution's, which
     the 8 hold whole, and the drawn token is among them with its own log-prob."""
-    steps = collect_steps(engine, [request(prompt, 16, "eagle2", rid="s", temperature=0.8, top_k=8, seed=3,
+    steps = collect_steps(engine, [request(prompt, 16, method, rid="s", temperature=0.8, top_k=8, seed=3,
                                            return_log_probs=True, top_log_probs=8)])["s"]
     tokens = [t for o in steps for t in o.token_ids]
     lps = [p for o in steps for p in o.log_probs]
