@@ -311,6 +311,14 @@ def test_echo_with_logprobs_scores_the_prompt_as_generation_would(served, tokeni
     assert all(abs(after[t] - lp.top_logprobs[-1][t]) < 1e-4 for t in after)
 
 
+def test_more_choices_than_the_engine_queue_holds(served):
+    """80 choices (the engine queues 64 besides its one slot): the front door keeps only
+    a batch of them in flight, and all are answered."""
+    r = served.client().completions.create(model="speculative_decoding", prompt=PROMPT, n=80, max_tokens=2,
+                                           temperature=1.0, seed=4, extra_body={"min_tokens": 2})
+    assert len(r.choices) == 80 and r.usage.completion_tokens == 160
+
+
 def test_token_id_prompts_and_echo(served, tokenizer):
     client = served.client()
     ids = tokenizer.encode(PROMPT)  # as the front door encodes the text prompt

@@ -507,6 +507,53 @@ def test_merge_keeps_each_order_and_closing_it_closes_every_iterator():
     assert {k for k, _ in got} == {0, 1, 2} and sorted(closed) == [0, 1, 2]
 
 
+def test_merge_reads_at_most_limit_iterators_at_once():
+    from openai_frontend.merge import merge
+
+    running, most = set(), [0]
+
+    async def count(k):
+        running.add(k)
+        most[0] = max(most[0], len(running))
+        try:
+            for i in range(3):
+                await asyncio.sleep(0.001 * (1 + k % 3))
+                yield k, i
+        finally:
+            running.discard(k)
+
+    async def scenario():
+        return [item async for item in merge([count(k) for k in range(10)], limit=3)]
+
+    got = run(scenario())
+    assert sorted(got) == [(k, i) for k in range(10) for i in range(3)] and most[0] == 3
+
+
+def test_a_request_keeps_at_most_the_engines_batch_of_choices_in_flight(front_tokenizer):
+    """128 choices against an engine of 4 slots: never more than 4 Triton requests open
+    (the engine's queue would refuse the rest), every choice answered."""
+    open_now, most = set(), [0]
+
+    class Tracked(ScriptedStream):
+        def __init__(self, seed):
+            super().__init__(token_pieces(front_tokenizer, f"answer {seed}", 1), delay_s=0.001)
+            self.seed = seed
+            open_now.add(seed)
+            most[0] = max(most[0], len(open_now))
+
+        def close(self):
+            super().close()
+            open_now.discard(self.seed)
+
+    from openai_frontend.service import Frontend
+    frontend = Frontend(ScriptedClient(lambda arrays: Tracked(int(arrays["random_seed"].item()))), [TOKEN_MODEL],
+                        front_tokenizer, ServerFacts(max_tokens_limit=64, max_seq_len=512, max_batch_size=4))
+    body = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "n": 128, "seed": 0,
+                                                "max_tokens": 8}, COMPLETIONS)))
+    assert [c["text"] for c in body["choices"]] == [f"answer {k}" for k in range(128)]
+    assert most[0] == 4 and not open_now
+
+
 def test_an_error_in_one_choice_closes_the_others(front_tokenizer):
     def script(arrays):
         if arrays["random_seed"].item() == 1:

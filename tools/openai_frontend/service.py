@@ -15,11 +15,12 @@ Owns the rules that tie the other modules together:
 - a generation ends early by closing its stream: on a stop string the front door saw
   first, on a client that went away (the web layer cancels the awaiting task), or on
   an error. Closing before the final response cancels the Triton request;
-- `n` choices, and several completions prompts, are one Triton request each, run at
-  once (the engine batches them) and read as they come (`merge.py`); an error in one
-  closes the others. Choice j of a seeded request samples with seed + j, so the
-  choices differ and the request still repeats. `prompt_tokens` counts each prompt
-  once, `completion_tokens` every choice (as vLLM does).
+- `n` choices, and several completions prompts, are one Triton request each, up to the
+  engine's batch size at once (in-flight batching takes them together; the next starts
+  as one ends) and read as they come (`merge.py`); an error in one closes the others.
+  Choice j of a seeded request samples with seed + j, so the choices differ and the
+  request still repeats. `prompt_tokens` counts each prompt once, `completion_tokens`
+  every choice (as vLLM does).
 """
 from __future__ import annotations
 
@@ -153,6 +154,9 @@ class Frontend:
             self.names.insert(0, alias)
         self.default_max_tokens = facts.max_tokens_limit or EngineConfig.max_tokens_limit
         self.max_context = facts.max_seq_len or EngineConfig.max_seq_len
+        # choices of one request in flight at once: more would only wait in the engine's
+        # queue, and 128 of them would overflow it (a 503 for the whole request)
+        self.choice_window = facts.max_batch_size or EngineConfig.max_batch_size
         self.created = int(time.time())
 
     # -- models ---------------------------------------------------------------------------
@@ -350,7 +354,8 @@ class Frontend:
     def _deltas(self, calls: list[Call]) -> AsyncIterator[Delta]:
         if len(calls) == 1:
             return self._choice(calls[0])
-        return merge([self._choice(c) for c in calls])  # closing it closes every choice's stream
+        # closing it closes every choice's stream
+        return merge([self._choice(c) for c in calls], limit=self.choice_window)
 
     @staticmethod
     def _usage(calls: list[Call], outputs: dict[int, "Output"]) -> dict:

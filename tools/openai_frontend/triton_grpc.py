@@ -85,6 +85,7 @@ class ServerFacts:
     skip_special_tokens: bool = True  # postprocessing's: how output is decoded
     max_tokens_limit: Optional[int] = None  # speculative_decoding's
     max_seq_len: Optional[int] = None  # prompt + output tokens per request
+    max_batch_size: Optional[int] = None  # the engine's slots (requests decoded together)
 
 
 @dataclass
@@ -333,7 +334,8 @@ class TritonClient:
         facts = ServerFacts(tokenizer_dir=tokenizer_dir,
                             add_special_tokens=flag("preprocessing", "add_special_tokens", True),
                             skip_special_tokens=flag("postprocessing", "skip_special_tokens", True),
-                            max_tokens_limit=number("max_tokens_limit"), max_seq_len=number("max_seq_len"))
+                            max_tokens_limit=number("max_tokens_limit"), max_seq_len=number("max_seq_len"),
+                            max_batch_size=number("max_batch_size"))
         return targets, facts
 
     def stream(self, target: TargetModel, arrays: dict[str, np.ndarray], request_id: str,
