@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Optional, Sequence
 
 import numpy as np
 
@@ -69,6 +69,13 @@ class Delta:
     output: Optional["Output"] = None
 
 
+def log_prob_entry(tokenizer: Tokenizer, token_id: int, logprob: Optional[float], offset: int,
+                   top: Sequence[tuple[int, float]]) -> TokenLogProb:
+    """A token's log-prob entry: its text, and its alternatives as (text, log-prob)."""
+    return TokenLogProb(tokenizer.token_text(token_id), logprob, offset,
+                        tuple((tokenizer.token_text(i), float(lp)) for i, lp in top))
+
+
 class Output:
     """Accumulates one generation's pieces into visible text, log-probs and counts."""
 
@@ -97,10 +104,9 @@ class Output:
             if self.call.gen.logprobs:
                 tops = piece.top or [()] * len(piece.token_ids)
                 for token_id, logprob, top in zip(piece.token_ids, piece.log_probs, tops):
-                    token = self.tokenizer.token_text(token_id)
-                    alternatives = tuple((self.tokenizer.token_text(i), float(lp)) for i, lp in top)
-                    self._entries.append(TokenLogProb(token, float(logprob), self._raw_chars, alternatives))
-                    self._raw_chars += len(token)
+                    entry = log_prob_entry(self.tokenizer, token_id, float(logprob), self._raw_chars, top)
+                    self._entries.append(entry)
+                    self._raw_chars += len(entry.token)
         else:
             piece_text = piece.text
             if piece.num_tokens is not None:
@@ -199,10 +205,9 @@ class Frontend:
         """vLLM's /detokenize: `tokens` back to text, decoded as outputs are."""
         self._target(tokenize_model(body))
         tokens = body.get("tokens")
-        vocab = len(self.tokenizer.hf)
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
-                                                   for t in tokens):
-            raise bad_field("tokens", f"must be a list of token ids in [0, {vocab}), got {tokens!r}")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise bad_field("tokens", f"must be a list of token ids, got {tokens!r}")
+        self.tokenizer.check_ids(tokens, "tokens")
         return {"prompt": self.tokenizer.decode(tokens)}
 
     # -- requests -------------------------------------------------------------------------
@@ -240,14 +245,11 @@ class Frontend:
         encode back to that token alone."""
         if not logit_bias:
             return {}
-        vocab = len(self.tokenizer.hf)
-        outside = [t for t in logit_bias if t >= vocab]
-        if outside:
-            raise bad_field("logit_bias", f"token id {outside[0]} is outside the tokenizer's vocabulary [0, {vocab})")
+        self.tokenizer.check_ids(list(logit_bias), "logit_bias")
         if target.kind == TOKENS:
             if target.input_for("embedding_bias") is None:
                 raise bad_field("logit_bias", f"the model '{target.name}' takes no embedding_bias input")
-            dense = np.zeros(vocab, dtype=np.float32)
+            dense = np.zeros(len(self.tokenizer.hf), dtype=np.float32)
             dense[list(logit_bias)] = list(logit_bias.values())
             return {"embedding_bias": dense}
         if target.input_for("embedding_bias_words") is None:
@@ -268,9 +270,7 @@ class Frontend:
         if target.kind == TEXT:
             raise bad_field("prompt", f"the model '{target.name}' takes text, not token ids; send them to a "
                                       f"{self._token_models()}")
-        vocab = len(self.tokenizer.hf)
-        if max(prompt) >= vocab:
-            raise bad_field("prompt", f"token id {max(prompt)} is outside the tokenizer's vocabulary [0, {vocab})")
+        self.tokenizer.check_ids(prompt, "prompt")
         return list(prompt)
 
     def _call(self, gen: Generation, target: TargetModel, prompt: Prompt, ids: list[int], choice: int,
@@ -345,10 +345,8 @@ class Frontend:
         tops = piece.prompt_top or [()] * len(piece.prompt_log_probs)
         scores = [(None, ())] + list(zip(piece.prompt_log_probs, tops))
         for token_id, (logprob, top) in zip(call.prompt_ids, scores):
-            token = self.tokenizer.token_text(token_id)
-            alternatives = tuple((self.tokenizer.token_text(i), float(lp)) for i, lp in top)
-            entries.append(TokenLogProb(token, logprob, offset, alternatives))
-            offset += len(token)
+            entries.append(log_prob_entry(self.tokenizer, token_id, logprob, offset, top))
+            offset += len(entries[-1].token)
         return entries
 
     def _deltas(self, calls: list[Call]) -> AsyncIterator[Delta]:

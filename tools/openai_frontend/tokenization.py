@@ -78,6 +78,13 @@ class Tokenizer:
         """Token ids as text, decoded as the output is (completions' echo of a token-id prompt)."""
         return self.hf.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
+    def check_ids(self, ids: Sequence[int], param: str) -> None:
+        """A 400 on `param` for the first id outside the tokenizer's vocabulary."""
+        vocab = len(self.hf)
+        outside = next((t for t in ids if not 0 <= t < vocab), None)
+        if outside is not None:
+            raise bad_field(param, f"token id {outside} is outside the tokenizer's vocabulary [0, {vocab})")
+
     def token_text(self, token_id: int) -> str:
         return self.hf.decode([token_id], skip_special_tokens=False)
 

@@ -56,6 +56,7 @@ class TritonPythonModel:
         query = scalar(get("QUERY"), "text_input", "str")
         validate_that(query.strip() != "", "text_input must not be empty")
         max_tokens = scalar(get("REQUEST_OUTPUT_LEN"), "max_tokens", "int")
+        weights = get("EMBEDDING_BIAS_WEIGHTS")
         validate_that(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
         input_ids = self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
         return {
@@ -68,7 +69,7 @@ class TritonPythonModel:
                                                         self._encode_word)),
             "EMBEDDING_BIAS": embedding_bias(
                 [scalar(w, "embedding_bias_words", "str") for w in strings(get("EMBEDDING_BIAS_WORDS"))],
-                [] if get("EMBEDDING_BIAS_WEIGHTS") is None else get("EMBEDDING_BIAS_WEIGHTS").reshape(-1).tolist(),
+                [] if weights is None else weights.reshape(-1).tolist(),
                 self._encode_word, self.vocab_size),
         }
 
