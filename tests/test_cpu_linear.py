@@ -1,8 +1,9 @@
-"""`PackedCpuLinear`: multi-row float32 matmuls through oneDNN equal `F.linear` up to
-float32 rounding, one-row calls and other dtypes are `F.linear` exactly, calls take the
-path measured faster for their row count (`choose_row_paths`), and the engine uses it on
-CPU float32 only (its float64 engines, which the exact-equality tests use, stay on
-`F.linear`)."""
+"""`PackedCpuLinear`: multi-row float32 matmuls through oneDNN or an MKL pack (padded up to
+the pack's row count) equal `F.linear` up to float32 rounding, one-row calls and other
+dtypes are `F.linear` exactly, calls take the path measured fastest for their row count
+(`choose_row_paths`, `plan_paths`: at most the allowed MKL packs, each where it saves
+enough), and the engine uses it on CPU float32 only (its float64 engines, which the
+exact-equality tests use, stay on `F.linear`)."""
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specdec.models import cpu_linear
-from specdec.models.cpu_linear import (ROW_LADDER, PackedCpuLinear, RowRouting, choose_row_paths, onednn_available,
-                                       packed_layers, use_packed_cpu_linears)
+from specdec.models.cpu_linear import (COPY_MARGIN, ROW_LADDER, PackedCpuLinear, RowRouting, choose_row_paths,
+                                       mkl_packs_allowed, onednn_available, packed_layers, plan_paths,
+                                       use_packed_cpu_linears)
 from specdec.models.layers import MLP
 
 from engine_helpers import make_engine
@@ -70,12 +72,12 @@ def test_shared_weights_stay_shared():
 
 def fake_timings(monkeypatch, onednn_from: int) -> list[int]:
     """oneDNN measures twice as fast from `onednn_from` rows on, 5 % faster below (inside
-    the margin). Returns the layer counts each timing was given."""
+    the margin); MKL packs never pay. Returns the layer counts each timing was given."""
     counts = []
 
-    def time_paths(layers, rows, repeats):
+    def time_paths(layers, rows, repeats, mkl=True):
         counts.append(len(layers))
-        return (10.0, 5.0) if rows >= onednn_from else (10.0, 9.5)
+        return (10.0, 5.0, 10.0) if rows >= onednn_from else (10.0, 9.5, 10.0)
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
     return counts
 
@@ -113,27 +115,29 @@ def test_routing_times_the_called_layers_and_routes_the_fused_parts_too(monkeypa
     assert set(counts) == {2}  # gate_up and down_proj
     assert all(m.routing is routing for m in packed_layers(mlp))
     assert routing.onednn_rows == frozenset(r for r in ROW_LADDER if r >= 4)  # past 8: 8's path
-    assert [rows for rows, _, _ in routing.timings_ms] == [r for r in ROW_LADDER if r <= 8]
+    assert [rows for rows, *_ in routing.timings_ms] == [r for r in ROW_LADDER if r <= 8]
 
 
 def test_measuring_is_skipped_when_the_environment_asks_for_onednn(monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_ONEDNN", "1")
     packed = packed_copy(nn.Linear(8, 8))
     assert choose_row_paths([packed]) is None
-    assert packed.routing.use_onednn(2) and packed.routing.use_onednn(500)
+    assert packed.routing.onednn(2) and packed.routing.onednn(500)
 
 
 def test_routing_describes_itself():
     assert RowRouting(frozenset()).describe() == "F.linear at every row count"
     assert RowRouting(frozenset(ROW_LADDER)).describe() == "oneDNN at every row count"
     assert RowRouting(frozenset({16, 32, 64})).describe() == "oneDNN at 16,32,64 rows, F.linear at the others"
+    assert (RowRouting(frozenset({64}), packs=((4, 4), (6, 8), (8, 8))).describe()
+            == "MKL packed at 4,8 rows (6 to 8 padded), oneDNN at 64 rows, F.linear at the others")
 
 
 def test_the_engine_packs_on_cpu_float32_only():
     e32 = make_engine(dtype="float32")
     assert e32.packed_linears > 0
     assert isinstance(e32.target.lm_head, PackedCpuLinear)
-    assert "oneDNN" in e32.load_note and "measured at" in e32.load_note  # at this load or an earlier one
+    assert "oneDNN or MKL packs" in e32.load_note and "measured at" in e32.load_note  # at this load or an earlier one
     assert e32.target.lm_head.routing is e32.row_routing  # measured on the target's own linears
     e64 = make_engine(dtype="float64")
     assert e64.packed_linears == 0 and type(e64.target.lm_head) is nn.Linear
@@ -142,3 +146,112 @@ def test_the_engine_packs_on_cpu_float32_only():
 def test_disabled_by_the_environment(monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_ONEDNN", "0")
     assert use_packed_cpu_linears(nn.Linear(8, 8)) == 0
+
+
+# -- MKL packs ---------------------------------------------------------------------------------
+needs_mkl = pytest.mark.skipif(mkl_packs_allowed() == 0, reason="this torch build has no MKL packed gemm")
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows,size", [(2, 2), (3, 4), (4, 4), (5, 8), (1, 8), (16, 16)])
+def test_an_mkl_pack_equals_f_linear_with_fewer_rows_padded(rows, size, bias):
+    torch.manual_seed(3)
+    lin = nn.Linear(64, 96, bias=bias)
+    packed = packed_copy(lin)
+    for shape in [(rows, 64), (1, rows, 64)]:
+        x = torch.randn(*shape)
+        with torch.inference_mode():
+            got, want = packed._mkl_packed(x, rows, size), F.linear(x, lin.weight, lin.bias)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert set(packed._mkl_packs) == {size}  # made once, for its own row count
+
+
+def ladder_timings(sgemm, onednn=None, packed=None) -> list:
+    """Timings at every ladder step from functions of the row count (default: no gain)."""
+    return [(r, sgemm(r), (onednn or sgemm)(r), (packed or sgemm)(r)) for r in ROW_LADDER]
+
+
+def test_plan_takes_packs_where_they_pay_padding_fewer_rows_up():
+    # sgemm costs 10 + rows; packs save 30 % at 8 and 16 rows, nothing elsewhere: 6 rows pad
+    # to 8 (12.6 against 16), 12 to 16 (18.2 against 22); 4 rows would save less than the margin
+    def sgemm(r):
+        return 10.0 + r
+
+    def packed_ms(r):
+        return 0.7 * sgemm(r) if r in (8, 16) else sgemm(r)
+    timings = ladder_timings(sgemm, packed=packed_ms)
+    routing = plan_paths(timings, max_packs=3)
+    assert dict(routing.packs) == {6: 8, 8: 8, 12: 16, 16: 16} and not routing.onednn_rows
+    assert [routing.pack_rows(r) for r in (2, 4, 5, 7, 8, 9, 16, 17, 100)] == [None, None, 8, 8, 8, 16, 16, None, None]
+    one = plan_paths(timings, max_packs=1)  # 8's pack saves 0.51 of a step's time, 16's 0.47
+    assert one.pack_sizes() == [8] and dict(one.packs) == {6: 8, 8: 8}
+    assert not plan_paths(timings, max_packs=0).packs
+
+
+def test_plan_keeps_f_linear_inside_the_margin_and_onednn_where_it_beats_both():
+    inside = plan_paths(ladder_timings(lambda r: 10.0, packed=lambda r: 10.0 * (1 - COPY_MARGIN / 2)), max_packs=3)
+    assert not inside.packs and not inside.onednn_rows  # a copy of the weights must save COPY_MARGIN
+    both = plan_paths(ladder_timings(lambda r: 10.0, onednn=lambda r: 4.0 if r >= 32 else 10.0,
+                                     packed=lambda r: 7.0), max_packs=3)
+    assert both.onednn_rows == {32, 64}
+    assert all(step < 32 for step, _ in both.packs)  # oneDNN's steps take no pack
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_never_exceeds_its_packs_or_loses_to_f_linear(seed):
+    rng = torch.Generator().manual_seed(seed)
+    noise = {r: float(torch.rand(2, generator=rng).mul(1.5).add(0.3)[0]) for r in ROW_LADDER}
+    sgemm = {r: 5.0 + r for r in ROW_LADDER}
+    timings = ladder_timings(lambda r: sgemm[r], packed=lambda r: sgemm[r] * noise[r])
+    saved = []
+    for max_packs in range(5):
+        routing = plan_paths(timings, max_packs)
+        assert len(routing.pack_sizes()) <= max_packs
+        for step, size in routing.packs:
+            assert size >= step and timings[ROW_LADDER.index(size)][3] < (1 - COPY_MARGIN) * sgemm[step]
+        saved.append(sum(1 - timings[ROW_LADDER.index(size)][3] / sgemm[step] for step, size in routing.packs))
+    assert saved == sorted(saved)  # more packs allowed never saves less
+
+
+@needs_mkl
+def test_calls_take_their_mkl_pack_and_unused_packs_are_dropped(monkeypatch):
+    torch.manual_seed(4)
+    lin = nn.Linear(64, 96)
+    packed = packed_copy(lin)
+
+    def time_paths(layers, rows, repeats, mkl=True):  # packs save 40 % at 4 and 16 rows
+        return (10.0 + rows, 10.0 + rows, (10.0 + rows) * (0.6 if rows in (4, 16) else 1.0))
+    monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
+    routing = choose_row_paths([packed])
+    assert routing.pack_sizes() == [4, 16]
+    assert [routing.pack_rows(r) for r in (2, 3, 5, 6, 7, 12, 17)] == [4, 4, None, None, 16, 16, None]
+    with torch.inference_mode():
+        for rows in (2, 3, 4, 5, 12, 16, 40):
+            x = torch.randn(rows, 64)
+            want = F.linear(x, lin.weight, lin.bias)
+            got = packed(x)
+            if routing.pack_rows(rows) is None:
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert set(packed._mkl_packs) == {4, 16}
+    cpu_linear.route([packed], RowRouting(frozenset(), packs=((16, 16),)))
+    assert set(packed._mkl_packs) == {16}
+
+
+def test_the_environment_caps_the_packs(monkeypatch):
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", "0")
+    assert mkl_packs_allowed() == 0
+    packed = packed_copy(nn.Linear(8, 8))
+    seen = []
+
+    def time_paths(layers, rows, repeats, mkl=True):
+        seen.append(mkl)
+        return (10.0, 10.0, float("inf"))
+    monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
+    assert not choose_row_paths([packed]).packs and not any(seen)  # not even timed
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", "many")
+    with pytest.raises(ValueError, match="SPECDEC_CPU_MKL_PACKS"):
+        mkl_packs_allowed()

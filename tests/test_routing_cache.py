@@ -26,13 +26,14 @@ def model(width: int = 64) -> list:
 
 @pytest.fixture
 def timings(monkeypatch) -> list[int]:
-    """Fake timings (oneDNN twice as fast from 8 rows on); the list counts the timed
+    """Fake timings (oneDNN twice as fast from 8 rows on, an MKL pack paying at 4 rows, so
+    2-4 rows pad to it); the list counts the timed
     row counts, so that a test sees whether anything was measured."""
     timed = []
 
-    def time_paths(layers, rows, repeats):
+    def time_paths(layers, rows, repeats, mkl=True):
         timed.append(rows)
-        return (10.0, 5.0) if rows >= 8 else (10.0, 9.8)
+        return (10.0, 5.0, 9.9) if rows >= 8 else (10.0, 9.8, 7.0 if rows == 4 else 9.9)
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
     return timed
 
@@ -41,6 +42,8 @@ def test_measured_once_then_read_back(tmp_path, timings):
     first, source = cached_row_paths(model(), tmp_path)
     assert source == "measured at load" and timings == list(ROW_LADDER)
     assert first.onednn_rows == frozenset(r for r in ROW_LADDER if r >= 8)
+    if first.packs:  # a torch build with MKL's packed gemm
+        assert dict(first.packs) == {2: 4, 3: 4, 4: 4}
     [saved] = tmp_path.glob("row-routing-*.json")
     timings.clear()
     layers = model()
@@ -48,6 +51,16 @@ def test_measured_once_then_read_back(tmp_path, timings):
     assert source == "measured at an earlier load" and timings == []  # nothing timed
     assert again == first and all(m.routing == first for m in layers)
     assert json.loads(saved.read_text())["onednn_rows"] == sorted(first.onednn_rows)
+
+
+def test_a_routing_with_more_packs_than_now_allowed_is_measured_again(tmp_path, timings, monkeypatch):
+    first, _ = cached_row_paths(model(), tmp_path)
+    if not first.packs:
+        pytest.skip("this torch build has no MKL packed gemm")
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", "0")
+    timings.clear()
+    again, source = cached_row_paths(model(), tmp_path)
+    assert source == "measured at load" and timings and not again.packs
 
 
 def test_other_shapes_measure_their_own(tmp_path, timings):
@@ -59,7 +72,7 @@ def test_other_shapes_measure_their_own(tmp_path, timings):
 
 
 @pytest.mark.parametrize("damage", ["not json", json.dumps({"fingerprint": "another machine"}),
-                                    "keys", "off the ladder"])
+                                    "keys", "off the ladder", "pack off the ladder"])
 def test_a_bad_file_is_measured_over(tmp_path, timings, damage, caplog):
     cached_row_paths(model(), tmp_path)
     [saved] = tmp_path.glob("row-routing-*.json")
@@ -68,6 +81,8 @@ def test_a_bad_file_is_measured_over(tmp_path, timings, damage, caplog):
         damage = json.dumps({"fingerprint": data["fingerprint"]})
     elif damage == "off the ladder":
         damage = json.dumps({**data, "onednn_rows": [5]})
+    elif damage == "pack off the ladder":
+        damage = json.dumps({**data, "packs": [[4, 5]]})
     saved.write_text(damage)
     timings.clear()
     with caplog.at_level(logging.WARNING, logger="specdec"):

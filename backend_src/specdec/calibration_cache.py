@@ -146,9 +146,10 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "torch": torch.__version__,
         "engine_source": _source_digest(),
         "dtype": config.dtype,
-        "packed_linears": engine.packed_linears,  # oneDNN on or off (SPECDEC_CPU_ONEDNN)
-        # the row counts whose target matmuls take oneDNN, as measured at this load
+        "packed_linears": engine.packed_linears,  # oneDNN and MKL packs on or off (SPECDEC_CPU_ONEDNN)
+        # the row counts whose target matmuls take oneDNN or an MKL pack, as measured at this load
         "onednn_rows": None if engine.row_routing is None else sorted(engine.row_routing.onednn_rows),
+        "mkl_packs": None if engine.row_routing is None else [list(p) for p in engine.row_routing.packs],
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
         "config": {name: getattr(config, name) for name in CONFIG_FIELDS},

@@ -114,7 +114,7 @@ class Engine:
         # Weights first (caches of one slot), then as many slots as the KV budget allows.
         loaded = load_drafters(config, self.target, self.max_context + 1, slots=1)
         self.drafters = loaded.drafters
-        # float32 CPU: multi-row matmuls through oneDNN where it measures faster (models/cpu_linear.py)
+        # float32 CPU: multi-row matmuls through oneDNN or MKL packs where they measure faster (models/cpu_linear.py)
         self.packed_linears = 0
         self.row_routing: Optional[RowRouting] = None  # the target's
         self.row_routing_source = ""  # where it came from (routing_cache.py)
@@ -175,8 +175,8 @@ class Engine:
         packed = None
         if self.packed_linears:
             routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
-            packed = (f"{self.packed_linears} float32 linears can take multi-row inputs through oneDNN "
-                      f"(the target, {self.row_routing_source or 'measured at load'}: {routing})")
+            packed = (f"{self.packed_linears} float32 linears can take multi-row inputs through oneDNN or MKL "
+                      f"packs (the target, {self.row_routing_source or 'measured at load'}: {routing})")
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), graphs, packed,
                                                  describe(self.policy)]))
 

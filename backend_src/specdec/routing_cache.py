@@ -1,8 +1,8 @@
 """The CPU matmul routing, measured once per machine and model shape, saved and reused.
 
 `models.cpu_linear.choose_row_paths` times a model's float32 matmuls through MKL's
-sgemm and through oneDNN at each row count, and routes each row count to the faster
-path. That costs 3-5 s for SmolLM2-135M's target on 2 cores, as much again for Medusa's
+sgemm, oneDNN and MKL's packed gemm at each row count, and routes each row count to the
+fastest path. That costs 3-5 s for SmolLM2-135M's target on 2 cores, as much again for Medusa's
 heads, at every load. Its result also moved between loads on a busy machine (a server
 loads its other models meanwhile), and the calibration cache keys on the target's
 routing, so a routing that changed at a restart meant minutes of calibrating again.
@@ -32,7 +32,7 @@ from .models import cpu_linear
 from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, layer_shapes, measuring_wanted, route
 
 LOG = logging.getLogger("specdec")
-FORMAT = 1  # of the file; bump when it changes shape
+FORMAT = 2  # of the file; bump when it changes shape
 
 
 def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -> tuple[Optional[RowRouting], str]:
@@ -54,6 +54,7 @@ def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -
     routing = choose_row_paths(layers)
     if routing is not None:
         write_atomically(path, json.dumps({"fingerprint": fp, "onednn_rows": sorted(routing.onednn_rows),
+                                           "packs": [list(p) for p in routing.packs],
                                            "timings_ms": [list(t) for t in routing.timings_ms]}, indent=1),
                          "matmul routing cache")
     return routing, "measured at load"
@@ -91,11 +92,15 @@ def _read(path: Path, fp: dict) -> Optional[RowRouting]:
         return None
     try:
         rows = frozenset(int(r) for r in data["onednn_rows"])
-        timings = tuple((int(r), float(a), float(b)) for r, a, b in data["timings_ms"])
+        packs = tuple((int(step), int(size)) for step, size in data["packs"])
+        timings = tuple((int(r), float(a), float(b), float(c)) for r, a, b, c in data["timings_ms"])
     except (KeyError, TypeError, ValueError) as e:
         LOG.warning("matmul routing cache %s is corrupt (%s); measuring again", path, e)
         return None
-    if not rows <= set(cpu_linear.ROW_LADDER):
+    ladder = set(cpu_linear.ROW_LADDER)
+    if not rows <= ladder or not all(step in ladder and size in ladder for step, size in packs):
         LOG.warning("matmul routing cache %s names row counts off the ladder; measuring again", path)
         return None
-    return RowRouting(rows, timings)
+    if len({size for _, size in packs}) > cpu_linear.mkl_packs_allowed():
+        return None  # measured when more MKL packs were allowed
+    return RowRouting(rows, packs, timings)

@@ -1,25 +1,29 @@
-"""Multi-row float32 matmuls on CPU through oneDNN, with the weight packed once.
+"""Multi-row float32 matmuls on CPU: MKL's sgemm, oneDNN, or MKL's packed gemm, by row count.
 
 On the CPU, speculative decoding lives or dies by how much more a forward over a few
 tokens (a tree of 4-16 nodes, a drafting depth over top-k nodes) costs than over one.
 PyTorch's float32 `linear` calls MKL's sgemm, which re-packs the whole weight matrix on
-every call; for the few rows a decode step has, that packing is most of the work, and
-on AMD EPYC (AVX2) MKL's sgemm for 2-16 rows ran 2-4x slower than its one-row gemv
-(docs/DESIGN.md, "The step on a CPU"). oneDNN keeps the weight in its own blocked
-layout, packed once: measured there, SmolLM2-135M's target forward over 8 tree tokens
-took 82-88 ms instead of 95-101 ms, a batch of 4 single tokens 79-81 ms instead of
-96-106 ms, and the LM head over 8 rows 14 ms instead of 23 ms.
+every call; for the few rows a decode step has, that packing is most of the work. Two
+other paths keep the weight packed once:
+- oneDNN, with the weight in its own blocked layout (one copy for every row count). On
+  AMD EPYC (AVX2), SmolLM2-135M's target forward over 8 tree tokens took 82-88 ms
+  instead of 95-101 ms, a batch of 4 single tokens 79-81 ms instead of 96-106 ms.
+- MKL's packed gemm (`cblas_sgemm_pack`, what `torch.compile` uses for CPU linears):
+  a copy of the weight packed for one row count, which serves calls of up to that many
+  rows (fewer are padded with zero rows). On a 2-core Xeon with AVX-512 the target's
+  layers over 8 rows took 29 ms instead of sgemm's 37, over 16 rows 34 instead of 44,
+  and a batch of 4 single tokens 26 instead of 32 (one token: 19 ms on either).
 
-One-row calls (plain decoding) stay on MKL's gemv, which was as fast or faster there.
+One-row calls (plain decoding at batch 1) stay on MKL's gemv, which is as fast.
 
-Which path wins depends on the CPU: on a 2-core Intel Xeon with AVX-512, MKL's sgemm
-took 2 rows for the price of one (target forward 32 ms against 31 ms for one token)
-where oneDNN took 53 ms. So the engine measures both paths at load
-(`choose_row_paths`: a model's own linears, in order, at each row count of
-`ROW_LADDER`) and each model's multi-row calls take the faster one for their row
-count (`RowRouting`); oneDNN must win by `ONEDNN_MARGIN`, so that a tie keeps the path
-that needs no second copy of the weights. `SPECDEC_CPU_ONEDNN=0` keeps every call on
-`F.linear`, `=1` sends every multi-row call to oneDNN without measuring.
+Which path wins depends on the CPU and the row count, so the engine measures all three
+at load (`choose_row_paths`: a model's own linears, in order, at each row count of
+`ROW_LADDER`) and each model's multi-row calls take the path chosen for their row count
+(`RowRouting`, chosen by `plan_paths`). A path that needs a copy of the weights must
+win by `COPY_MARGIN`, so that a tie keeps sgemm, which needs none; MKL packs, one copy
+each, are at most `SPECDEC_CPU_MKL_PACKS` (default `MAX_MKL_PACKS`) per model.
+`SPECDEC_CPU_ONEDNN=0` keeps every call on `F.linear`, `=1` sends every multi-row call
+to oneDNN without measuring.
 
 Results equal `F.linear` up to float32 rounding (another summation order), so a tree's
 logits can differ from plain decoding's in the last bits, as MKL's own gemm and gemv
@@ -28,6 +32,7 @@ already do; the engine's exact-equality tests run in float64, which stays on `F.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from typing import Optional
@@ -38,49 +43,111 @@ import torch.nn.functional as F
 
 
 ROW_LADDER = (2, 3, 4, 6, 8, 12, 16, 32, 64)  # row counts timed at load; more rows take 64's path
-ONEDNN_MARGIN = 0.10  # oneDNN is chosen for a row count only where it is this much faster
+COPY_MARGIN = 0.10  # a path that keeps a copy of the weights is chosen only where it is this much faster
+MAX_MKL_PACKS = 3  # MKL packs (a copy of the weights each) per model, unless SPECDEC_CPU_MKL_PACKS says otherwise
+Timing = tuple[int, float, float, float]  # (rows, F.linear ms, oneDNN ms, MKL packed ms; inf: not timed)
+
+
+def _step(rows: int) -> int:
+    """The ladder step whose path `rows` rows take: the next one up, or the last."""
+    return next((r for r in ROW_LADDER if r >= rows), ROW_LADDER[-1])
 
 
 @dataclasses.dataclass(frozen=True)
 class RowRouting:
-    """Which path a module's multi-row calls take, by row count: oneDNN at the ladder's
-    row counts in `onednn_rows`, `F.linear` (MKL's sgemm) at the others. A row count
-    between two ladder steps takes the path of the next step up."""
+    """Which path a module's multi-row calls take, by row count. A row count takes the
+    path of the next ladder step up (`_step`): oneDNN at the steps in `onednn_rows`;
+    MKL's packed gemm at the steps of `packs`, each with the pack made for a row count
+    at least its own (a call with fewer rows is padded up to it); `F.linear` (MKL's
+    sgemm) at the others, and for more rows than a pack holds."""
 
     onednn_rows: frozenset[int]
-    timings_ms: tuple[tuple[int, float, float], ...] = ()  # (rows, F.linear ms, oneDNN ms) per ladder step
+    packs: tuple[tuple[int, int], ...] = ()  # (ladder step, the row count of the MKL pack it uses)
+    timings_ms: tuple[Timing, ...] = ()  # per ladder step timed
 
-    def use_onednn(self, rows: int) -> bool:
-        step = next((r for r in ROW_LADDER if r >= rows), ROW_LADDER[-1])
-        return step in self.onednn_rows
+    def onednn(self, rows: int) -> bool:
+        return _step(rows) in self.onednn_rows
+
+    def pack_rows(self, rows: int) -> Optional[int]:
+        """The row count of the MKL pack a `rows`-row call uses, or None."""
+        size = dict(self.packs).get(_step(rows))
+        return size if size is not None and size >= rows else None
+
+    def pack_sizes(self) -> list[int]:
+        return sorted({size for _, size in self.packs})
 
     def describe(self) -> str:
-        chosen = sorted(self.onednn_rows)
-        if not chosen:
+        parts = []
+        if self.packs:
+            padded = [f"{step} to {size}" for step, size in self.packs if step != size]
+            parts.append("MKL packed at " + ",".join(map(str, self.pack_sizes())) + " rows"
+                         + (f" ({', '.join(padded)} padded)" if padded else ""))
+        if self.onednn_rows:
+            parts.append("oneDNN at " + ("every row count" if len(self.onednn_rows) == len(ROW_LADDER)
+                                         else ",".join(map(str, sorted(self.onednn_rows))) + " rows"))
+        if not parts:
             return "F.linear at every row count"
-        if len(chosen) == len(ROW_LADDER):
-            return "oneDNN at every row count"
-        return "oneDNN at " + ",".join(map(str, chosen)) + " rows, F.linear at the others"
+        if len(self.onednn_rows) + len(self.packs) < len(ROW_LADDER):
+            parts.append("F.linear at the others")
+        return ", ".join(parts)
 
 
 ALWAYS_ONEDNN = RowRouting(frozenset(ROW_LADDER))
 
 
+def plan_paths(timings: list[Timing], max_packs: int) -> RowRouting:
+    """The routing that the timings make fastest. Every ladder step counts alike, by
+    the share of its `F.linear` time it saves. Of the sets of at most `max_packs` MKL
+    packs, the one that saves most (the fewest packs on a tie): each step takes the
+    cheapest pack at least its size, padded, where it beats `F.linear` by
+    `COPY_MARGIN`. Then oneDNN takes the steps it beats that by `COPY_MARGIN` too."""
+    sgemm = {rows: ms for rows, ms, _, _ in timings}
+    packed = {rows: ms for rows, _, _, ms in timings if ms < float("inf")}
+
+    def choice(packs: tuple[int, ...]) -> dict[int, int]:
+        """ladder step -> the pack it takes, under the packs `packs`"""
+        out = {}
+        for rows in sgemm:
+            fits = [p for p in packs if p >= rows]
+            best = min(fits, key=lambda p: packed[p], default=None)
+            if best is not None and packed[best] < (1 - COPY_MARGIN) * sgemm[rows]:
+                out[rows] = best
+        return out
+
+    def cost(packs: tuple[int, ...]) -> float:
+        taken = choice(packs)
+        return sum((packed[taken[r]] if r in taken else sgemm[r]) / sgemm[r] for r in sgemm)
+
+    candidates = sorted(packed)
+    subsets = [c for k in range(0, max(0, max_packs) + 1) for c in itertools.combinations(candidates, k)]
+    best = min(subsets, key=lambda packs: (round(cost(packs), 9), len(packs)))
+    taken = choice(best)
+    onednn = frozenset(rows for rows, plain_ms, onednn_ms, _ in timings
+                       if onednn_ms < (1 - COPY_MARGIN) * (packed[taken[rows]] if rows in taken else plain_ms))
+    packs = tuple(sorted((rows, size) for rows, size in taken.items() if rows not in onednn))
+    return RowRouting(onednn, packs, tuple(timings))
+
+
 class PackedCpuLinear(nn.Linear):
     """An `nn.Linear` (same parameters, same state-dict names) whose multi-row calls go
-    through oneDNN with a packed copy of the weight, made at the first such call, where
-    its `routing` says oneDNN is faster. Only modules that take such calls pay the
-    copy's memory."""
+    through oneDNN or MKL's packed gemm, with packed copies of the weight made at the
+    first call that needs each, where its `routing` says so. Only modules that take such
+    calls pay the copies' memory."""
 
-    _packed: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]
+    _packed: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]  # oneDNN's copy (weight, bias)
+    _mkl_packs: dict[int, torch.Tensor]  # row count -> MKL's packed copy of the weight
     routing: RowRouting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, self.in_features)
-        if (rows <= 1 or x.dtype != torch.float32 or torch.is_grad_enabled()
-                or not self.routing.use_onednn(rows)):
+        if rows <= 1 or x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        return self._onednn(x, rows)
+        if self.routing.onednn(rows):
+            return self._onednn(x, rows)
+        size = self.routing.pack_rows(rows)
+        if size is not None:
+            return self._mkl_packed(x, rows, size)
+        return F.linear(x, self.weight, self.bias)
 
     def _onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         if self._packed is None:
@@ -91,10 +158,33 @@ class PackedCpuLinear(nn.Linear):
         out = torch._C._nn.mkldnn_linear(flat, weight, bias).to_dense()  # [rows, out]
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def _mkl_packed(self, x: torch.Tensor, rows: int, size: int) -> torch.Tensor:
+        """x @ weight.T + bias through the MKL pack made for `size` >= `rows` rows."""
+        pack = self._mkl_packs.get(size)
+        if pack is None:
+            pack = self._mkl_packs[size] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), size)
+        flat = x.reshape(rows, self.in_features)  # [rows, in]
+        if rows < size:  # the pack is fast at its own row count only: pad with zero rows
+            flat = torch.cat([flat, flat.new_zeros(size - rows, self.in_features)])
+        out = torch.ops.mkl._mkl_linear(flat.contiguous(), pack, self.weight, self.bias, size)[:rows]  # [rows, out]
+        return out.reshape(*x.shape[:-1], self.out_features)
+
 
 def onednn_available() -> bool:
     """oneDNN is in this torch build and not turned off (SPECDEC_CPU_ONEDNN=0)."""
     return torch.backends.mkldnn.is_available() and os.environ.get("SPECDEC_CPU_ONEDNN", "auto") != "0"
+
+
+def mkl_packs_allowed() -> int:
+    """How many MKL packs a model may keep: 0 when this torch build has no MKL, else
+    SPECDEC_CPU_MKL_PACKS (default `MAX_MKL_PACKS`)."""
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        return 0
+    value = os.environ.get("SPECDEC_CPU_MKL_PACKS", str(MAX_MKL_PACKS))
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise ValueError(f"SPECDEC_CPU_MKL_PACKS must be a whole number of packs, got {value!r}") from None
 
 
 def use_packed_cpu_linears(module: nn.Module) -> int:
@@ -108,6 +198,7 @@ def use_packed_cpu_linears(module: nn.Module) -> int:
         if type(sub) is nn.Linear and sub.weight.device.type == "cpu" and sub.weight.dtype == torch.float32:
             sub.__class__ = PackedCpuLinear
             sub._packed = None
+            sub._mkl_packs = {}
             sub.routing = ALWAYS_ONEDNN
             count += 1
     return count
@@ -120,24 +211,26 @@ def packed_layers(module: nn.Module) -> list[PackedCpuLinear]:
 
 def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-1],
                      repeats: int = 3) -> Optional[RowRouting]:
-    """Times `layers` in order (as a forward streams their weights) through `F.linear`
-    and through oneDNN at each ladder row count up to `max_rows` (`_time_paths`), and
-    routes their multi-row calls to the faster path (`route`). None (routing left as it
-    is) when there is nothing to time or SPECDEC_CPU_ONEDNN=1 asks for oneDNN throughout."""
+    """Times `layers` in order (as a forward streams their weights) through `F.linear`,
+    oneDNN and MKL's packed gemm at each ladder row count up to `max_rows`
+    (`_time_paths`), and routes their multi-row calls as `plan_paths` chooses. None
+    (routing left as it is) when there is nothing to time or SPECDEC_CPU_ONEDNN=1 asks
+    for oneDNN throughout."""
     if not measuring_wanted(layers):
         return None
     timed = _called(layers)
-    chosen, timings = set(), []
+    max_packs = mkl_packs_allowed()
+    timings = []
     with torch.inference_mode():
         for rows in [r for r in ROW_LADDER if r <= max(2, max_rows)]:
-            plain_ms, onednn_ms = _time_paths(timed, rows, repeats)
-            timings.append((rows, round(plain_ms, 2), round(onednn_ms, 2)))
-            if onednn_ms < (1 - ONEDNN_MARGIN) * plain_ms:
-                chosen.add(rows)
-    if timings:  # row counts past the ones timed take the last one's path
-        last = timings[-1][0]
-        chosen |= {r for r in ROW_LADDER if r > last and last in chosen}
-    routing = RowRouting(frozenset(chosen), tuple(timings))
+            plain_ms, onednn_ms, packed_ms = _time_paths(timed, rows, repeats, mkl=max_packs > 0)
+            timings.append((rows, round(plain_ms, 2), round(onednn_ms, 2), round(packed_ms, 2)))
+    routing = plan_paths(timings, max_packs)
+    last = timings[-1][0]  # row counts past the ones timed take the last one's path
+    later = [r for r in ROW_LADDER if r > last]
+    routing = dataclasses.replace(
+        routing, onednn_rows=routing.onednn_rows | {r for r in later if last in routing.onednn_rows},
+        packs=routing.packs + tuple((r, dict(routing.packs)[last]) for r in later if last in dict(routing.packs)))
     route(layers, routing)
     return routing
 
@@ -150,10 +243,12 @@ def measuring_wanted(layers: list[PackedCpuLinear]) -> bool:
 def route(layers: list[PackedCpuLinear], routing: RowRouting) -> None:
     """Sends `layers`' multi-row calls the way `routing` says; packed copies that no
     chosen path uses are dropped."""
+    sizes = set(routing.pack_sizes())
     for m in layers:
         m.routing = routing
         if not routing.onednn_rows:
             m._packed = None
+        m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in sizes}
 
 
 def layer_shapes(layers: list[PackedCpuLinear]) -> list[list[int]]:
@@ -172,19 +267,27 @@ def _called(layers: list[PackedCpuLinear]) -> list[PackedCpuLinear]:
     return [m for m in layers if m.weight.numel() == largest[m.weight.untyped_storage().data_ptr()]]
 
 
-def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int) -> tuple[float, float]:
-    """Milliseconds of one pass over `layers` with `rows`-row inputs: (F.linear, oneDNN),
-    the fastest of `repeats` passes each after an untimed one. The paths take turns, so
-    that other work on the machine (a server loads its other models meanwhile) slows
-    both alike rather than one."""
+def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: bool = True) -> tuple[float, float, float]:
+    """Milliseconds of one pass over `layers` with `rows`-row inputs: (F.linear, oneDNN,
+    MKL packed for `rows` rows; inf when `mkl` is false), the fastest of `repeats` passes
+    each after an untimed one. The paths take turns, so that other work on the machine
+    (a server loads its other models meanwhile) slows them alike rather than one. The
+    MKL packs made here are dropped after."""
     inputs = [torch.randn(rows, m.in_features) for m in layers]  # [rows, in] each
-    paths = (lambda: [F.linear(x, m.weight, m.bias) for m, x in zip(layers, inputs)],
-             lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)])
-    best = [float("inf"), float("inf")]
-    for attempt in range(max(1, repeats) + 1):
-        for k, run in enumerate(paths):
-            t0 = time.perf_counter()
-            run()
-            if attempt > 0:  # the first pass of each packs weights and warms caches
-                best[k] = min(best[k], time.perf_counter() - t0)
-    return best[0] * 1e3, best[1] * 1e3
+    paths = [lambda: [F.linear(x, m.weight, m.bias) for m, x in zip(layers, inputs)],
+             lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)]]
+    if mkl:
+        paths.append(lambda: [m._mkl_packed(x, rows, rows) for m, x in zip(layers, inputs)])
+    best = [float("inf")] * 3
+    had = [set(m._mkl_packs) for m in layers]
+    try:
+        for attempt in range(max(1, repeats) + 1):
+            for k, run in enumerate(paths):
+                t0 = time.perf_counter()
+                run()
+                if attempt > 0:  # the first pass of each packs weights and warms caches
+                    best[k] = min(best[k], time.perf_counter() - t0)
+    finally:
+        for m, keep in zip(layers, had):
+            m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in keep}
+    return best[0] * 1e3, best[1] * 1e3, best[2] * 1e3
