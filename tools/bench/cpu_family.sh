@@ -3,7 +3,7 @@
 # and the model card quote, into docs/bench/ (each output records its own command line,
 # machine and date). Run it on an otherwise idle machine; stages can be named to rerun
 # only those.
-#   bash tools/bench/cpu_family.sh [latency] [small-trees] [large-trees] [adaptive] [family] [concurrency] [genai-perf]
+#   bash tools/bench/cpu_family.sh [latency] [small-trees] [large-trees] [tree-sizes] [adaptive] [family] [concurrency] [genai-perf]
 #
 # latency      tools/bench/bench.py latency --compare: every method, plain decoding and the
 #              transformers references (generate, assisted generation with the draft
@@ -16,6 +16,10 @@
 # large-trees  the same requests: plain decoding, EAGLE-3 and EAGLE-2 with the EAGLE
 #              repository's default tree (EaModel.from_pretrained: total_token 60, depth 7,
 #              top_k 10), the size the papers' acceptance lengths were measured with
+# tree-sizes   the same requests: plain decoding, EAGLE-3 and EAGLE-2 with trees of 3, 4, 8 and 16
+#              nodes, once as the engine routes CPU matmuls (MKL packs included) and once with
+#              SPECDEC_CPU_MKL_PACKS=0 (F.linear and oneDNN only), into latency_tree_sizes_*
+#              and latency_tree_sizes_no_packs_*
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
 #              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
@@ -29,10 +33,11 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 DATA=${SPECDEC_DATA_DIR:-../shared/data}
 QUESTIONS=${QUESTIONS:-4}
+SETS=${SETS:-humaneval mt_bench gsm8k alpaca}  # the EAGLE question sets the latency stages run
 OUT=docs/bench
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(latency small-trees large-trees adaptive family concurrency genai-perf)
+[ ${#stages[@]} -gt 0 ] || stages=(latency small-trees large-trees tree-sizes adaptive family concurrency genai-perf)
 mkdir -p "$OUT"
 
 # latency_on_every_set NAME [--plot] [bench.py options...]: the first $QUESTIONS questions
@@ -40,7 +45,7 @@ mkdir -p "$OUT"
 latency_on_every_set() {
   local name=$1 plot=false set; shift
   if [ "${1:-}" = --plot ]; then plot=true; shift; fi
-  for set in humaneval mt_bench gsm8k alpaca; do
+  for set in $SETS; do
     local png=()
     if $plot; then png=(--plot "$OUT/${name}_$set.png"); fi
     $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
@@ -62,6 +67,11 @@ for stage in "${stages[@]}"; do
     large-trees)
       latency_on_every_set latency_large_tree --eagle-total-tokens 60 --eagle-depth 7 --eagle-top-k 10 \
         --compare none,eagle3,eagle2 ;;
+    tree-sizes)
+      sizes=none,eagle3@3,eagle3@4,eagle3@8,eagle3,eagle2@4,eagle2@8,eagle2
+      latency_on_every_set latency_tree_sizes --eagle-total-tokens 16 --compare $sizes
+      SPECDEC_CPU_MKL_PACKS=0 latency_on_every_set latency_tree_sizes_no_packs --eagle-total-tokens 16 \
+        --compare $sizes ;;
     adaptive)
       latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
     family)
