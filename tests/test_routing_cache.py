@@ -53,14 +53,21 @@ def test_measured_once_then_read_back(tmp_path, timings):
     assert json.loads(saved.read_text())["onednn_rows"] == sorted(first.onednn_rows)
 
 
-def test_a_routing_with_more_packs_than_now_allowed_is_measured_again(tmp_path, timings, monkeypatch):
-    first, _ = cached_row_paths(model(), tmp_path)
-    if not first.packs:
+@pytest.mark.parametrize("first_packs,then_packs", [("3", "0"), ("0", "3")])
+def test_another_pack_limit_measures_its_own(tmp_path, timings, monkeypatch, first_packs, then_packs):
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", "3")
+    if not cpu_linear.mkl_packs_allowed():
         pytest.skip("this torch build has no MKL packed gemm")
-    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", "0")
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", first_packs)
+    first, _ = cached_row_paths(model(), tmp_path)
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", then_packs)
     timings.clear()
     again, source = cached_row_paths(model(), tmp_path)
-    assert source == "measured at load" and timings and not again.packs
+    assert source == "measured at load" and timings
+    assert bool(again.packs) == (then_packs != "0") and bool(first.packs) == (first_packs != "0")
+    monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", first_packs)
+    timings.clear()
+    assert cached_row_paths(model(), tmp_path) == (first, "measured at an earlier load") and not timings
 
 
 def test_other_shapes_measure_their_own(tmp_path, timings):

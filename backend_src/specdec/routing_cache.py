@@ -71,11 +71,13 @@ def routing_cache_dir(setting: str) -> Optional[Path]:
 
 
 def fingerprint(layers: list[PackedCpuLinear]) -> dict:
-    """What the timings depend on: the CPU, its threads, torch, how routing measures
-    (`cpu_linear.py`'s source) and the shapes of the layers a forward calls."""
+    """What the routing depends on: the CPU, its threads, torch, how routing measures
+    (`cpu_linear.py`'s source), how many MKL packs it may keep and the shapes of the
+    layers a forward calls."""
     source = Path(cpu_linear.__file__).read_bytes()
     return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "layers": layer_shapes(layers)}
+            "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "mkl_packs": cpu_linear.mkl_packs_allowed(),
+            "layers": layer_shapes(layers)}
 
 
 def _read(path: Path, fp: dict) -> Optional[RowRouting]:
@@ -101,6 +103,4 @@ def _read(path: Path, fp: dict) -> Optional[RowRouting]:
     if not rows <= ladder or not all(step in ladder and size in ladder for step, size in packs):
         LOG.warning("matmul routing cache %s names row counts off the ladder; measuring again", path)
         return None
-    if len({size for _, size in packs}) > cpu_linear.mkl_packs_allowed():
-        return None  # measured when more MKL packs were allowed
     return RowRouting(rows, packs, timings)
