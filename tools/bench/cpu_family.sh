@@ -26,6 +26,9 @@
 # concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 and EAGLE-3 adaptive vs
 #              EAGLE-3 with a fixed 16-node tree at 1-32 concurrent requests, one run;
 #              then plain vs EAGLE-2 and EAGLE-3 adaptive, three repeats at every level
+# concurrency-packs  bench_concurrency.py: plain vs EAGLE-3 adaptive vs EAGLE-3 with a fixed
+#              16-node tree at 1-32 concurrent requests, once as the engine routes CPU matmuls
+#              (MKL packs included) and once with SPECDEC_CPU_MKL_PACKS=0
 # genai-perf   tools/bench/genai_perf_run.sh: GenAI-Perf at concurrency 1 against the served
 #              ensemble: plain decoding, EAGLE-2 and EAGLE-3 as tools/serve.sh serves them
 set -euo pipefail
@@ -88,6 +91,14 @@ for stage in "${stages[@]}"; do
         --configs plain,eagle2,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 \
         --output-tokens 32 --eagle-total-tokens 16 --repeats 3 \
         --report-json "$OUT/concurrency_repeats.json" --plot "$OUT/concurrency_repeats.png" ;;
+    concurrency-packs)
+      for packs in 3 0; do
+        name=concurrency_mkl_packs; [ "$packs" = 0 ] && name=concurrency_no_packs
+        SPECDEC_CPU_MKL_PACKS=$packs $PY tools/bench/bench_concurrency.py \
+          --question-set "$DATA/eagle_mt_bench_question.jsonl" --configs plain,eagle3,eagle3-fixed \
+          --concurrency 1,2,4,8,16,32 --num-requests 32 --output-tokens 32 --eagle-total-tokens 16 \
+          --report-json "$OUT/$name.json" --plot "$OUT/$name.png"
+      done ;;
     genai-perf)  # its repositories, logs and artifacts stay in .cache; the comparison comes here
       REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf
       cp .cache/genai_perf/comparison.json "$OUT/genai_perf.json"
