@@ -198,6 +198,24 @@ def test_stop_strings_end_the_text_before_them(served, name, stream):
     assert finish in ("stop", "length") and "\u2603" not in got
 
 
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_stop_token_ids_end_the_text_before_the_token(served, name, tokenizer):
+    """vLLM's stop_token_ids: a word token from the middle of the greedy answer ends it
+    there, on the token model (the front door cuts at the token) and on the text models
+    (its text as a stop string)."""
+    model, client = _model(served, name), served.client()
+    kw = dict(model=model, prompt=PROMPT, max_tokens=40, temperature=0, extra_body={"min_tokens": 40})
+    text = client.completions.create(**kw).choices[0].text
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    middle = [t for t in ids[len(ids) // 3:] if tokenizer.decode([t]).strip().isalpha()
+              and tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False) == [t]]
+    assert middle, text
+    stop = middle[0]
+    r = client.completions.create(**{**kw, "extra_body": {"min_tokens": 40, "stop_token_ids": [stop]}})
+    got, finish = r.choices[0].text, r.choices[0].finish_reason
+    assert (got, finish) == (text[:text.index(tokenizer.decode([stop]))], "stop")
+
+
 def test_log_probs_come_with_their_tokens(served):
     client = served.client()
     r = client.chat.completions.create(model="speculative_decoding", messages=MESSAGES, max_tokens=12,

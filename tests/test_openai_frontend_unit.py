@@ -81,6 +81,9 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (CHAT, {"seed": -1}, "seed"),
     (CHAT, {"stop": [1]}, "stop"),
     (CHAT, {"stop": ""}, "stop"),
+    (CHAT, {"stop_token_ids": 2}, "stop_token_ids"),
+    (COMPLETIONS, {"stop_token_ids": [2, -1]}, "stop_token_ids"),
+    (CHAT, {"stop_token_ids": [True]}, "stop_token_ids"),
     (CHAT, {"logprobs": "yes"}, "logprobs"),
     (CHAT, {"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
     (CHAT, {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
@@ -388,6 +391,49 @@ def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):
     assert "".join(c["choices"][0]["text"] for c in chunks) == "one two three"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert frontend.client.streams[1].cancelled
+
+
+@pytest.mark.parametrize("per_piece", [1, 3])
+def test_stop_token_ids_end_a_token_models_answer_before_the_token(front_tokenizer, per_piece):
+    text = "one two three four five six seven eight"
+    ids = front_tokenizer.hf.encode(text, add_special_tokens=False)
+    four = front_tokenizer.encode_word(" four")[0]
+    assert ids.count(four) == 1
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(token_pieces(front_tokenizer, text,
+                                                                                         per_piece)))
+    gen = parse_request({**TEXT_BODY, "model": "speculative_decoding", "stop_token_ids": [four, 10 ** 3, four],
+                         "logprobs": 0}, COMPLETIONS)
+    assert gen.stop_token_ids == (four, 10 ** 3)
+    body = run(frontend.complete(gen))
+    choice = body["choices"][0]
+    assert choice["text"] == "one two three" and choice["finish_reason"] == "stop"
+    assert choice["logprobs"]["tokens"] == ["one", " two", " three"]  # the stop token's is left out
+    assert body["usage"]["completion_tokens"] == ids.index(four) + 1  # it counts, as in vLLM
+    sent = frontend.client.requests[0]
+    assert sent["streaming"].tolist() == [[True]]  # so the front door sees the token as it comes
+    assert sent["stop_words_list"][0].tolist() == [[four, 10 ** 3], [1, 2]]  # and the engine stops on it too
+    assert frontend.client.streams[0].cancelled
+    chunks = run(collect(frontend.chunks(parse_request({**CHAT_BODY, "model": "speculative_decoding", "stream": True,
+                                                        "stop_token_ids": [four]}, CHAT))))
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "one two three"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_stop_token_ids_become_stop_strings_for_a_text_model(front_tokenizer):
+    four = front_tokenizer.encode_word(" four")[0]
+    frontend = make_frontend(front_tokenizer, lambda arrays: ScriptedStream(
+        [Piece(text="one two"), Piece(text=" three four"), Piece(text=" five", final=True)]))
+    body = run(frontend.complete(parse_request({**CHAT_BODY, "model": "ensemble", "stop": ["zzz"],
+                                                "stop_token_ids": [four]}, CHAT)))
+    assert body["choices"][0]["message"]["content"] == "one two three"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert frontend.client.requests[0]["stop_words"].tolist() == [[b"zzz", b" four"]]
+    split = next(t for t in range(1000, len(front_tokenizer.hf))  # a token whose text encodes otherwise
+                 if front_tokenizer.encode_word(front_tokenizer.token_text(t)) != [t])
+    for model, token, words in (("ensemble", split, "encode back"), ("speculative_decoding", 10 ** 6, "outside")):
+        with pytest.raises(OpenAIError) as e:
+            frontend.prepare(parse_request({**CHAT_BODY, "model": model, "stop_token_ids": [token]}, CHAT))
+        assert e.value.param == "stop_token_ids" and words in e.value.message
 
 
 def test_chunks_open_with_the_role_and_end_with_usage(front_tokenizer):

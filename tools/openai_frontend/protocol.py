@@ -16,7 +16,7 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              prompt), logprobs (0-20: the sampled token's log-probability and that many
              alternatives), echo (with logprobs: the prompt's scored too; max_tokens 0 then
              scores the prompt alone), suffix (none), best_of (n only)
-    extra    top_k, min_tokens, repetition_penalty, ignore_eos (vLLM's names) and the
+    extra    top_k, min_tokens, repetition_penalty, ignore_eos, stop_token_ids (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens
 
@@ -77,6 +77,7 @@ class Generation:
     echo: bool = False  # completions: each choice's text starts with its prompt
     max_tokens: Optional[int] = None  # None: the server's default
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: the answer ends before the first of these tokens
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -225,7 +226,8 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     }
     return Generation(
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, n=n, echo=echo, max_tokens=max_tokens,
-        stop=_stop(body), stream=stream, include_usage=include_usage, logprobs=logprobs, top_logprobs=top_logprobs,
+        stop=_stop(body), stop_token_ids=_stop_token_ids(body), stream=stream, include_usage=include_usage,
+        logprobs=logprobs, top_logprobs=top_logprobs,
         ignore_eos=bool(_bool(body, "ignore_eos")), logit_bias=_logit_bias(body), sampling=sampling,
         speculative={k: v for k, v in speculative.items() if v is not None})
 
@@ -267,6 +269,15 @@ def _stop(body: dict) -> tuple[str, ...]:
     if any(w == "" for w in words):
         raise bad_field("stop", "must not hold an empty string")
     return tuple(dict.fromkeys(words))
+
+
+def _stop_token_ids(body: dict) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise bad_field("stop_token_ids", f"must be a list of token ids (integers >= 0), got {_short(ids)}")
+    return tuple(dict.fromkeys(ids))
 
 
 def _prompts(body: dict) -> tuple[Prompt, ...]:

@@ -10,8 +10,12 @@ Owns the rules that tie the other modules together:
   output, which this repository's `ensemble` and `tensorrt_llm_bls` send); for other
   text models it is the text re-encoded, which can differ by a few tokens (and
   log-probs, which need each token, are refused for text models);
-- `finish_reason` is "stop" for a stop string, end of turn or end token, "length" when
-  max_tokens (or the context) ran out;
+- `finish_reason` is "stop" for a stop string, a stop token, end of turn or end token,
+  "length" when max_tokens (or the context) ran out;
+- vLLM's `stop_token_ids`: a token model's answer ends before the first of them (the
+  token counts in `completion_tokens` and its text is left out, as in vLLM; its
+  log-prob is left out with it); a text model gets each token's text as one more stop string (refused, like
+  `logit_bias`, for a token whose text does not encode back to it alone);
 - a generation ends early by closing its stream: on a stop string the front door saw
   first, on a client that went away (the web layer cancels the awaiting task), or on
   an error. Closing before the final response cancels the Triton request;
@@ -85,6 +89,8 @@ class Output:
         self.max_context = max_context
         self.matcher = StopMatcher(call.gen.stop) if call.gen.stop else None
         self.detok = tokenizer.detokenizer() if call.target.kind == TOKENS else None
+        self.stop_ids = frozenset(call.gen.stop_token_ids) if self.detok is not None else frozenset()
+        self.token_stopped = False  # a token of stop_token_ids came
         self.raw = []  # every text piece received (text models without num_output_tokens: re-encoded for the count)
         self.n_tokens = 0  # token models: ids received; text models: num_output_tokens received
         self.counted = False  # a text model sent num_output_tokens
@@ -93,17 +99,28 @@ class Output:
         self._raw_chars = 0  # token text offsets (log-prob entries)
 
     @property
-    def stopped(self) -> bool:
+    def string_stopped(self) -> bool:
         return self.matcher is not None and self.matcher.stopped
+
+    @property
+    def stopped(self) -> bool:
+        return self.string_stopped or self.token_stopped
 
     def add(self, piece: Piece) -> tuple[str, list[TokenLogProb]]:
         """The visible text this piece adds and the log-probs that may be sent with it."""
+        final = piece.final
         if self.detok is not None:
-            piece_text = self.detok.add(piece.token_ids, final=piece.final)
-            self.n_tokens += len(piece.token_ids)
+            ids, log_probs = list(piece.token_ids), list(piece.log_probs)
+            tops = piece.top or [()] * len(ids)
+            cut = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+            if cut is not None:  # the stop token counts; its text and log-prob are left out
+                self.token_stopped, final = True, True
+                self.n_tokens += 1
+                ids, log_probs, tops = ids[:cut], log_probs[:cut], tops[:cut]
+            piece_text = self.detok.add(ids, final=final)
+            self.n_tokens += len(ids)
             if self.call.gen.logprobs:
-                tops = piece.top or [()] * len(piece.token_ids)
-                for token_id, logprob, top in zip(piece.token_ids, piece.log_probs, tops):
+                for token_id, logprob, top in zip(ids, log_probs, tops):
                     entry = log_prob_entry(self.tokenizer, token_id, float(logprob), self._raw_chars, top)
                     self._entries.append(entry)
                     self._raw_chars += len(entry.token)
@@ -114,15 +131,16 @@ class Output:
                 self.counted = True
         self.raw.append(piece_text)
         visible = self.matcher.feed(piece_text) if self.matcher else piece_text
-        if piece.final and self.matcher:
+        if final and self.matcher:
             visible += self.matcher.finish()
         self.text += visible
-        return visible, self._ready(final=piece.final or self.stopped)
+        return visible, self._ready(final=final or self.stopped)
 
     def _ready(self, final: bool) -> list[TokenLogProb]:
-        """Entries whose token starts inside the visible text (all of those at the end)."""
+        """Entries whose token starts inside the visible text (all of those at the end,
+        unless a stop string cut the text)."""
         limit = len(self.text)
-        ready = [e for e in self._entries if e.offset < limit or (final and not self.stopped)]
+        ready = [e for e in self._entries if e.offset < limit or (final and not self.string_stopped)]
         self._entries = [] if final else self._entries[len(ready):]
         return ready
 
@@ -226,6 +244,11 @@ class Frontend:
             raise bad_field("top_logprobs" if gen.endpoint == CHAT else "logprobs",
                             f"the model '{target.name}' returns no alternatives (it has no top_log_probs input)")
         bias = self._bias_values(target, gen.logit_bias)
+        if gen.stop_token_ids:
+            self.tokenizer.check_ids(gen.stop_token_ids, "stop_token_ids")
+            if target.kind == TEXT:  # each token's text, as one more stop string
+                texts = tuple(self._text_alone(target, t, "stop_token_ids") for t in gen.stop_token_ids)
+                gen = replace(gen, stop=tuple(dict.fromkeys(gen.stop + texts)), stop_token_ids=())
         shapes = shapes or self.shapes(gen)
         templated = gen.endpoint == CHAT
         prompts = (self.tokenizer.chat_prompt(gen.messages),) if templated else gen.prompts
@@ -254,15 +277,17 @@ class Frontend:
             return {"embedding_bias": dense}
         if target.input_for("embedding_bias_words") is None:
             raise bad_field("logit_bias", f"the model '{target.name}' takes no embedding_bias_words input")
-        words = []
-        for token in logit_bias:
-            text = self.tokenizer.token_text(token)
-            if self.tokenizer.encode_word(text) != [token]:
-                raise bad_field("logit_bias", f"token {token} ({text!r}) does not encode back to itself alone, so "
-                                              f"the text model '{target.name}' cannot bias it; send it to a "
-                                              f"{self._token_models()}")
-            words.append(text)
+        words = [self._text_alone(target, token, "logit_bias") for token in logit_bias]
         return {"embedding_bias_words": words, "embedding_bias_weights": list(logit_bias.values())}
+
+    def _text_alone(self, target: TargetModel, token: int, param: str) -> str:
+        """The text that stands for `token` in a text model's inputs: its own text, which
+        must encode back to that token alone (a 400 on `param` otherwise)."""
+        text = self.tokenizer.token_text(token)
+        if self.tokenizer.encode_word(text) != [token]:
+            raise bad_field(param, f"token {token} ({text!r}) does not encode back to itself alone, so the text "
+                                   f"model '{target.name}' cannot take it; send it to a {self._token_models()}")
+        return text
 
     def _prompt_ids(self, target: TargetModel, prompt: Prompt, templated: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -281,10 +306,11 @@ class Frontend:
         sampling = dict(gen.sampling)
         if "seed" in sampling:  # n seeded choices that differ, and repeat
             sampling["seed"] = (sampling["seed"] + choice) % 2 ** 64
-        # A request with stop strings streams from the model even when its client does not:
-        # the front door then ends the generation at the first match on the text.
+        # A request with stop strings or stop tokens streams from the model even when its client
+        # does not: the front door then ends the generation at the first match.
         # max_tokens 0 (echo): the engine generates one token, which is dropped here
-        values = {"max_tokens": max(max_tokens, 1), "stream": gen.stream or bool(gen.stop), **sampling,
+        values = {"max_tokens": max(max_tokens, 1), "stream": gen.stream or bool(gen.stop or gen.stop_token_ids),
+                  **sampling,
                   **gen.speculative, **bias}
         if target.kind == TEXT:
             values["text_input"] = self.tokenizer.text_prompt(prompt, templated)
@@ -293,7 +319,7 @@ class Frontend:
         else:
             values["input_ids"] = ids
             values["input_lengths"] = len(ids)
-            words = encode_words(gen.stop, self.tokenizer.encode_word)
+            words = encode_words(gen.stop, self.tokenizer.encode_word) + [[t] for t in gen.stop_token_ids]
             values["stop_words_list"] = to_word_list(words) if words else None
             eos = self.tokenizer.eos_id
             values["end_id"] = -1 if gen.ignore_eos or eos is None else eos
