@@ -14,8 +14,9 @@ Owns the rules that tie the other modules together:
   "length" when max_tokens (or the context) ran out;
 - vLLM's `stop_token_ids`: a token model's answer ends before the first of them (the
   token counts in `completion_tokens` and its text is left out, as in vLLM; its
-  log-prob is left out with it); a text model gets each token's text as one more stop string (refused, like
-  `logit_bias`, for a token whose text does not encode back to it alone);
+  log-prob is left out with it); a text model gets each token's text as one more stop
+  string (refused, like `logit_bias`, for a token whose text does not encode back to it
+  alone);
 - a generation ends early by closing its stream: on a stop string the front door saw
   first, on a client that went away (the web layer cancels the awaiting task), or on
   an error. Closing before the final response cancels the Triton request;
