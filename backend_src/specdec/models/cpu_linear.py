@@ -226,11 +226,9 @@ def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-
             plain_ms, onednn_ms, packed_ms = _time_paths(timed, rows, repeats, mkl=max_packs > 0)
             timings.append((rows, round(plain_ms, 2), round(onednn_ms, 2), round(packed_ms, 2)))
     routing = plan_paths(timings, max_packs)
-    last = timings[-1][0]  # row counts past the ones timed take the last one's path
-    later = [r for r in ROW_LADDER if r > last]
-    routing = dataclasses.replace(
-        routing, onednn_rows=routing.onednn_rows | {r for r in later if last in routing.onednn_rows},
-        packs=routing.packs + tuple((r, dict(routing.packs)[last]) for r in later if last in dict(routing.packs)))
+    last = timings[-1][0]  # row counts past the ones timed take the last one's path (a pack holds too few)
+    if last in routing.onednn_rows:
+        routing = dataclasses.replace(routing, onednn_rows=routing.onednn_rows | {r for r in ROW_LADDER if r > last})
     route(layers, routing)
     return routing
 
