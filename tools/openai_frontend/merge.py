@@ -24,10 +24,13 @@ async def merge(iterators: Sequence[AsyncIterator[T]], limit: Optional[int] = No
     pending: dict[asyncio.Future, int] = {}
     unstarted = iter(range(len(iterators)))
 
+    def read(position: int) -> None:
+        pending[asyncio.ensure_future(iterators[position].__anext__())] = position
+
     def start_next() -> None:
         position = next(unstarted, None)
         if position is not None:
-            pending[asyncio.ensure_future(iterators[position].__anext__())] = position
+            read(position)
 
     try:
         for _ in range(min(limit or len(iterators), len(iterators))):
@@ -41,7 +44,7 @@ async def merge(iterators: Sequence[AsyncIterator[T]], limit: Optional[int] = No
                 except StopAsyncIteration:
                     start_next()
                     continue
-                pending[asyncio.ensure_future(iterators[position].__anext__())] = position
+                read(position)
                 yield item
     finally:
         for future in pending:

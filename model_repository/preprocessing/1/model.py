@@ -56,9 +56,9 @@ class TritonPythonModel:
         query = scalar(get("QUERY"), "text_input", "str")
         validate_that(query.strip() != "", "text_input must not be empty")
         max_tokens = scalar(get("REQUEST_OUTPUT_LEN"), "max_tokens", "int")
-        weights = get("EMBEDDING_BIAS_WEIGHTS")
         validate_that(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
         input_ids = self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
+        weights = get("EMBEDDING_BIAS_WEIGHTS")
         return {
             "INPUT_ID": input_ids, "REQUEST_INPUT_LEN": len(input_ids), "REQUEST_OUTPUT_LEN": max_tokens,
             "OUT_END_ID": scalar(get("END_ID"), "end_id", "int", self.default_end_id),
