@@ -10,9 +10,9 @@ other paths keep the weight packed once:
   instead of 95-101 ms, a batch of 4 single tokens 79-81 ms instead of 96-106 ms.
 - MKL's packed gemm (`cblas_sgemm_pack`, what `torch.compile` uses for CPU linears):
   a copy of the weight packed for one row count, which serves calls of up to that many
-  rows (fewer are padded with zero rows). On a 2-core Xeon with AVX-512 the target's
-  layers over 8 rows took 29 ms instead of sgemm's 37, over 16 rows 34 instead of 44,
-  and a batch of 4 single tokens 26 instead of 32 (one token: 19 ms on either).
+  rows (fewer are padded with zero rows). On a 2-core Xeon with AVX-512, timed at one
+  load, the target's linears over 4 rows took 32 ms instead of sgemm's 45, over 8 rows
+  36 instead of 56, over 16 rows 45 instead of 60 (docs/bench/row_routing_smollm2_target.json).
 
 One-row calls (plain decoding at batch 1) stay on MKL's gemv, which is as fast.
 
