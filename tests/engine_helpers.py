@@ -59,7 +59,7 @@ def code_prompts(n: int, max_tokens: int = 160) -> list[list[int]]:
 
 def request(ids: list[int], max_tokens: int, method: str = "none", rid: str = "r", **kw) -> GenerationRequest:
     """`top_k` is the sampling top-k; the EAGLE-2/3 tree's top-k is `tree_top_k`."""
-    spec_keys = {"choices", "depth", "tree_top_k", "total_tokens", "num_draft_tokens"}
+    spec_keys = {"choices", "depth", "tree_top_k", "total_tokens", "num_draft_tokens", "prompt_lookup_tokens"}
     spec = SpecParams(method=method, **{"top_k" if k == "tree_top_k" else k: v for k, v in kw.items() if k in spec_keys})
     sampling_keys = {f for f in SamplingParams.__dataclass_fields__}
     sampling = SamplingParams(**{k: v for k, v in kw.items() if k in sampling_keys})

@@ -29,6 +29,11 @@ TREES = [
     ("draft_model", dict(num_draft_tokens=1)),
     ("draft_model", dict(num_draft_tokens=4)),
     ("draft_model", dict(num_draft_tokens=7)),
+    # a branch copied from the text grafted onto the tree (drafters/lookup.py)
+    ("eagle", dict(choices="{0},{1},{0,0},{0,1},{0,0,0},{0,0,0,0}", prompt_lookup_tokens=10)),
+    ("eagle2", dict(depth=3, tree_top_k=4, total_tokens=6, prompt_lookup_tokens=10)),
+    ("eagle3", dict(depth=2, tree_top_k=2, total_tokens=3, prompt_lookup_tokens=3)),
+    ("medusa", dict(choices="[[0],[0,0],[0,0,0],[1],[0,1]]", prompt_lookup_tokens=10)),
 ]
 
 

@@ -13,7 +13,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+import specdec.engine as engine_module
 from engine_helpers import code_prompts, make_engine, request, run_batch
+from specdec.drafters.lookup import graft
 from specdec.kv_cache import AttentionBatch
 from specdec.models.layers import causal_mask
 from specdec.sampling import LogitsRow, SamplingTensors, probabilities, process_logits, sampling_tensors
@@ -61,18 +63,36 @@ def engine_named(request):  # pytest's `request` here, not engine_helpers.reques
     return request.getfixturevalue
 
 
-@pytest.mark.parametrize("method", ["eagle2", "draft_model", "medusa", "draft_model over a drafting vocabulary"])
-def test_second_token_follows_the_target_distribution(engine_named, method):
+@pytest.mark.parametrize("method", ["eagle2", "draft_model", "medusa", "draft_model over a drafting vocabulary",
+                                    "eagle2 with prompt lookup"])
+def test_second_token_follows_the_target_distribution(engine_named, method, monkeypatch):
     engine = engine_named("vocab_engine" if method.endswith("vocabulary") else "engine")
+    lookup = method.endswith("prompt lookup")
     method = method.split()[0]
     prompt = code_prompts(1, max_tokens=24)[0]
+    tree = dict(SMALL_TREES[method])
+    grafted = []
+    if lookup:
+        # A prompt whose last token z came before each likely first token earlier in it
+        # (... z c1 z c2 z c3 z c4 z): whichever first token c is drawn, "z c" occurred,
+        # and what followed it is the branch grafted onto the tree that decides the second.
+        head = prompt[:12]
+        likely = _next_probs(engine, head, request(head, 3, method, temperature=TEMPERATURE, top_p=TOP_P))
+        prompt = head + [t for c in likely.topk(4).indices.tolist() for t in (c, head[-1])]
+        tree["prompt_lookup_tokens"] = 4
+
+        def counted(draft, *args):
+            out = graft(draft, *args)
+            grafted.append(not torch.equal(out.tokens, draft.tokens))
+            return out
+        monkeypatch.setattr(engine_module, "graft", counted)
     proto = request(prompt, 3, method, temperature=TEMPERATURE, top_p=TOP_P)
     p1 = _next_probs(engine, prompt, proto)
     marginal = torch.zeros_like(p1, dtype=torch.float64)
     for t1 in (p1 > 1e-7).nonzero().flatten().tolist():
         marginal += p1[t1].double() * _next_probs(engine, prompt + [t1], proto).double()
-    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, top_p=TOP_P, seed=i,
-                    **SMALL_TREES[method]) for i in range(TRIALS)]
+    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, top_p=TOP_P, seed=i, **tree)
+            for i in range(TRIALS)]
     outs = run_batch(engine, reqs)
     counts = torch.bincount(torch.tensor([outs[f"s{i}"][1] for i in range(TRIALS)]), minlength=len(p1)).double()
     expected = marginal * TRIALS
@@ -84,6 +104,8 @@ def test_second_token_follows_the_target_distribution(engine_named, method):
     stat, pvalue = chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item())
     assert pvalue > 1e-3, f"{method}: chi-square p={pvalue:.2e} (stat {stat:.1f}, {int(keep.sum())} bins)"
     assert int(big.sum()) >= 3, "the test needs a distribution with several likely tokens"
+    if lookup:  # the branch was in the trees that decided the second token, not only beside them
+        assert sum(grafted) >= TRIALS // 20, f"{sum(grafted)} of {len(grafted)} trees took a branch"
 
 
 @pytest.mark.parametrize("method", ["none", "eagle2", "eagle3", "draft_model", "medusa"])

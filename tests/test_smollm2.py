@@ -44,6 +44,10 @@ TREES = [
     ("medusa", dict(choices="[[0],[0,0],[1],[0,0,0]]")),
     ("draft_model", dict(num_draft_tokens=2)),
     ("draft_model", dict(num_draft_tokens=5)),
+    # a branch copied from the text grafted onto the tree (drafters/lookup.py)
+    ("eagle3", dict(depth=2, tree_top_k=2, total_tokens=3, prompt_lookup_tokens=10)),
+    ("eagle2", dict(depth=3, tree_top_k=4, total_tokens=8, prompt_lookup_tokens=10)),
+    ("medusa", dict(choices="[[0],[0,0],[1],[0,0,0]]", prompt_lookup_tokens=10)),
 ]
 END_ID = 2  # <|im_end|>
 
@@ -128,6 +132,21 @@ def test_speculative_greedy_equals_plain(engine64, prompts, plain, method, tree)
     # above was tested on speculative steps, not on plain ones
     assert sum(s.total_draft_tokens for s in stats.values()) > 0, f"{method} {tree}: nothing was drafted"
     assert sum(s.total_accepted_draft_tokens for s in stats.values()) > 0, f"{method} {tree}: nothing accepted"
+
+
+def test_prompt_lookup_accepts_more(engine64, prompts, plain):
+    """The same 3-node EAGLE-3 trees with and without the branch copied from the text:
+    with it, steps accept more of the drafts (the answers reuse the prompts' words)."""
+    accepted = {}
+    for lookup in (0, 10):
+        reqs = [request(p, NEW_TOKENS, "eagle3", rid=f"l{lookup}-{i}", end_id=END_ID, depth=2, tree_top_k=2,
+                        total_tokens=3, prompt_lookup_tokens=lookup, return_perf_metrics=True)
+                for i, p in enumerate(prompts)]
+        finals = {}
+        outs = run_batch(engine64, reqs, finals)
+        assert [outs[f"l{lookup}-{i}"] for i in range(len(prompts))] == plain
+        accepted[lookup] = sum(o.stats.total_accepted_draft_tokens for o in finals.values())
+    assert accepted[10] > accepted[0], accepted
 
 
 def test_every_method_in_one_batch_equals_plain(engine64, prompts, plain):

@@ -43,7 +43,8 @@ def engine():
     family = tiny_family()
     return make_engine(base_model_dir=str(family / "base"), eagle_dir=str(family / "eagle"),
                        eagle3_dir=str(family / "eagle3"), medusa_dir=str(family / "medusa"),
-                       draft_model_dir=str(family / "draft"), dtype="float32")
+                       draft_model_dir=str(family / "draft"), dtype="float32",
+                       prompt_lookup_tokens=0)  # the drafters' own acceptance: no branch copied from the text
 
 
 @pytest.fixture(scope="module")

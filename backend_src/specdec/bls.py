@@ -48,7 +48,7 @@ _PASSED = ("temperature", "seed", "min_tokens", "min_length", "repetition_penalt
            "frequency_penalty", "beam_width", "num_return_sequences", "exclude_input_in_output",
            "return_log_probs", "return_perf_metrics", "return_context_logits", "return_generation_logits",
            "speculative_method", "speculative_choices", "eagle_depth", "eagle_top_k", "eagle_total_tokens",
-           "num_draft_tokens")  # BLS inputs sent to speculative_decoding under the same name
+           "num_draft_tokens", "prompt_lookup_tokens")  # BLS inputs sent to speculative_decoding under the same name
 _METRICS = ("cum_log_probs", "output_log_probs", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
             "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",

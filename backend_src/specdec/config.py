@@ -50,6 +50,10 @@ class EngineConfig:
     # None: the head checkpoint's `specdec_score_temperature` if it has one, else 1.
     eagle_score_temperature: Optional[float] = None
     num_draft_tokens: int = 4  # draft_model chain length
+    # EAGLE and Medusa trees take a branch copied from the request's own text, up to this
+    # many tokens, when its last tokens occurred earlier in it (drafters/lookup.py), in
+    # place of the tree's last nodes; 0: off. 10 is transformers' prompt_lookup_num_tokens.
+    prompt_lookup_tokens: int = 10
     # Shrink/skip speculation when the measured step costs say it does not pay (policy.py).
     # On: fixed trees lose to plain decoding once the batch is large (0.61-0.87x at
     # concurrency 8-32 on the 2-core CPU, docs/benchmarks.md section 2); adaptive tracks
@@ -105,6 +109,8 @@ class EngineConfig:
         if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:
             raise ConfigError(f"parameter 'kv_cache_free_gpu_mem_fraction' must be in (0, 1], "
                               f"got {self.kv_cache_free_gpu_mem_fraction}")
+        if self.prompt_lookup_tokens < 0:
+            raise ConfigError(f"parameter 'prompt_lookup_tokens' must be >= 0, got {self.prompt_lookup_tokens}")
         if self.kv_cache_max_tokens < 0:
             raise ConfigError(f"parameter 'kv_cache_max_tokens' must be >= 0, got {self.kv_cache_max_tokens}")
         if not (Path(self.base_model_dir) / "config.json").is_file():

@@ -49,6 +49,7 @@ from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, 
 from .transfer import host_to_device, to_device
 from .drafters.base import AcceptedBatch, DraftTree, TreeSettings
 from .drafters.loader import load_drafters
+from .drafters.lookup import NgramIndex, graft
 from .stopping import cut_new_tokens
 
 Emit = Callable[[StepOutput], None]
@@ -83,6 +84,7 @@ class RequestState:
     finished: bool = False
     scheduled_ns: int = 0  # time.monotonic_ns() at admission (TensorRT-LLM's first_scheduled_time)
     prompt_scores: Optional[dict] = None  # StepOutput's prompt_* fields, until the first output carries them
+    ngrams: Optional[NgramIndex] = None  # for prompt lookup, made at its first tree that takes a branch
 
 
 @dataclass
@@ -459,12 +461,26 @@ class Engine:
                     if tree.num_nodes > room:  # topological order: any prefix of nodes is a tree
                         tree = DraftTree(tree.tokens[:room], tree.parents[:room],
                                          None if tree.draft_probs is None else tree.draft_probs[:room])
+                    if settings[i].lookup_tokens and tree.draft_probs is None:
+                        tree = self._graft_lookup(states[i], tree, settings[i].lookup_tokens)
                     trees[i] = tree
             key_len = max(s.cached_len for s in states)
             t0 = time.perf_counter()
             self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
             if self.graph_captures()[0] == captures:
                 self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
+
+    @staticmethod
+    def _graft_lookup(state: RequestState, tree: DraftTree, tokens: int) -> DraftTree:
+        """The request's tree with the branch prompt lookup copies from its own text
+        (drafters/lookup.py): up to `tokens` tokens, within the tree's own node count, so
+        the step's verify costs what the policy planned (docs/DESIGN.md, "Prompt lookup")."""
+        if state.ngrams is None:
+            state.ngrams = NgramIndex()
+        chain = state.ngrams.continuation(state.tokens, min(tokens, tree.num_nodes - 1))
+        if not chain:
+            return tree
+        return graft(tree, to_device(chain, tree.tokens.device, torch.long))
 
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:

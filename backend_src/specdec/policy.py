@@ -56,6 +56,7 @@ from .models.layers import causal_mask
 from .request import GenerationRequest, SamplingParams, SpecParams
 from .drafters.base import TreeSettings
 from .drafters.choices import static_tree
+from .drafters.lookup import GRAFTED_METHODS
 from .step_cost import MAX_GRID_TOKENS, StepCost
 
 MAX_DEPTH = 12
@@ -202,6 +203,9 @@ class SpeculationPolicy:
         validate_that(total <= MAX_TREE, f"eagle_total_tokens must be <= {MAX_TREE}, got {total}")
         n_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else self.config.num_draft_tokens
         validate_that(n_draft <= MAX_DEPTH * 2, f"num_draft_tokens must be <= {MAX_DEPTH * 2}, got {n_draft}")
+        lookup = (spec.prompt_lookup_tokens if spec.prompt_lookup_tokens is not None
+                  else self.config.prompt_lookup_tokens)
+        validate_that(lookup < MAX_TREE, f"prompt_lookup_tokens must be < {MAX_TREE}, got {lookup}")
         # A seeded sampled request keeps one tree for its lifetime: which uniforms decide
         # which token depends on the tree, so only a fixed tree repeats its output exactly.
         # (Greedy output never depends on the tree.)
@@ -209,7 +213,8 @@ class SpeculationPolicy:
         pinned = (spec.total_tokens is not None or spec.choices is not None or spec.num_draft_tokens is not None
                   or seeded or not self.config.adaptive_speculation)
         return TreeSettings(method=method, choices=choices, depth=depth, top_k=top_k, total_tokens=total,
-                            num_draft_tokens=n_draft, pinned=pinned)
+                            num_draft_tokens=n_draft, pinned=pinned,
+                            lookup_tokens=lookup if method in GRAFTED_METHODS else 0)
 
     @staticmethod
     def group_key(st: TreeSettings) -> tuple:

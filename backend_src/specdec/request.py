@@ -62,6 +62,7 @@ class SpecParams:
     typical_acceptance: Optional[bool] = None  # medusa: typical (lossy) instead of exact
     posterior_threshold: Optional[float] = None
     posterior_alpha: Optional[float] = None
+    prompt_lookup_tokens: Optional[int] = None  # eagle/medusa: tokens of the branch copied from the text
 
     def validate(self) -> None:
         validate_that(self.method is None or self.method in METHODS,
@@ -71,6 +72,8 @@ class SpecParams:
             validate_that(v is None or v >= 1, f"eagle_{name} must be >= 1, got {v}")
         validate_that(self.num_draft_tokens is None or self.num_draft_tokens >= 0,
                       f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
+        validate_that(self.prompt_lookup_tokens is None or self.prompt_lookup_tokens >= 0,
+                      f"prompt_lookup_tokens must be >= 0, got {self.prompt_lookup_tokens}")
 
 
 @dataclass

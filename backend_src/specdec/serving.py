@@ -146,6 +146,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
         top_k=_first(get, ("eagle_top_k",), "int"),
         total_tokens=_first(get, ("eagle_total_tokens",), "int"),
         num_draft_tokens=_first(get, ("num_draft_tokens",), "int"),
+        prompt_lookup_tokens=_first(get, ("prompt_lookup_tokens",), "int"),
     )
     request = GenerationRequest(
         request_id=request_id, input_ids=ids, max_tokens=max_tokens,

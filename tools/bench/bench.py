@@ -31,7 +31,9 @@ the first entry. Entries: the engine methods (none, medusa, eagle, eagle2, eagle
 draft_model), trees of N nodes (`eagle3@3`: EAGLE-2/3 drafted as adaptive speculation
 drafts that size, `policy.smaller_tree_shape`; `medusa@3`: the first N - 1 paths of the
 Medusa tree, which Medusa's trees list best first; `draft_model@3`: a chain of N - 1
-drafted tokens), and three `transformers`
+drafted tokens), with or without prompt lookup grafted onto EAGLE and Medusa trees
+(`eagle3+nolookup@3`: none; `eagle3+lookup`: up to 10 tokens; neither: the engine's
+default, docs/DESIGN.md "Prompt lookup"), and three `transformers`
 references on the base weights, one request at a time in either mode: `hf` (greedy
 `generate()`), `hf-assisted` (`assistant_model` = the family's draft model),
 `hf-prompt-lookup` (`prompt_lookup_num_tokens=10`).
@@ -80,6 +82,7 @@ from family import FAMILY_DIR  # noqa: E402
 from prepare_dataset import read_samples  # noqa: E402
 from specdec.config import DRAFTER_PARAMETERS, DTYPES, EngineConfig  # noqa: E402
 from specdec.drafters.choices import parse_choices  # noqa: E402
+from specdec.drafters.lookup import GRAFTED_METHODS as LOOKUP_METHODS  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
 from specdec.policy import MAX_TREE, smaller_tree_shape  # noqa: E402
@@ -242,8 +245,15 @@ def sampling_for(args: argparse.Namespace, task_id: int) -> SamplingParams:
 
 
 def entry_method(entry: str) -> str:
-    """The engine method or `transformers` reference an entry runs (`eagle3@3`: eagle3)."""
-    return entry.split("@", 1)[0]
+    """The engine method or `transformers` reference an entry runs (`eagle3+lookup@3`: eagle3)."""
+    return entry.split("@", 1)[0].split("+", 1)[0]
+
+
+def entry_lookup(entry: str) -> Optional[int]:
+    """The prompt lookup an entry asks for: `+lookup` a branch of up to
+    PROMPT_LOOKUP_TOKENS tokens, `+nolookup` none, else None (the engine's default)."""
+    option = entry.split("@", 1)[0].partition("+")[2]
+    return {"lookup": PROMPT_LOOKUP_TOKENS, "nolookup": 0}.get(option)
 
 
 def entry_nodes(entry: str) -> Optional[int]:
@@ -268,7 +278,7 @@ def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
         depth, top_k = smaller_tree_shape(depth or EngineConfig.eagle_depth, top_k or EngineConfig.eagle_top_k, nodes)
         total = nodes
     return SpecParams(method=method, choices=choices, depth=depth, top_k=top_k, total_tokens=total,
-                      num_draft_tokens=num_draft_tokens)
+                      num_draft_tokens=num_draft_tokens, prompt_lookup_tokens=entry_lookup(entry))
 
 
 def run_engine(engine: Engine, entry: str, reqs: list[BenchRequest], args: argparse.Namespace,
@@ -382,6 +392,9 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
     for e in entries:
         _validate_that(entry_method(e) in ENTRIES,
                        f"unknown configuration {e!r}; choose from {', '.join(ENTRIES)} (and {'@N, '.join(SIZED)}@N)")
+        option = e.split("@", 1)[0].partition("+")[2]
+        _validate_that(not option or (option in ("lookup", "nolookup") and entry_method(e) in LOOKUP_METHODS),
+                       f"configuration {e!r}: +lookup and +nolookup follow one of {', '.join(LOOKUP_METHODS)}")
         if "@" in e:
             size = e.split("@", 1)[1]
             _validate_that(entry_method(e) in SIZED and size.isdigit() and 2 <= int(size) <= MAX_TREE,
@@ -446,16 +459,17 @@ def describe_tree(entry: str, engine: Optional[Engine], args: argparse.Namespace
         return f"transformers prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}"
     st = engine.policy.resolve(GenerationRequest("describe", [1], 1, spec=spec_for(args, entry)))
     method = entry_method(entry)
+    lookup = f", lookup {st.lookup_tokens}" if st.lookup_tokens else ""
     if method in ("eagle", "medusa"):
         name = args.choices or (engine.config.eagle_choices if method == "eagle" else engine.config.medusa_choices)
         if entry_nodes(entry) is not None:
             name = f"first {entry_nodes(entry) - 1} paths of {name}"
         if len(name) > 40:
             name = name[:37] + "..."
-        return f"static {name} ({st.choices.num_nodes} nodes)"
+        return f"static {name} ({st.choices.num_nodes} nodes){lookup}"
     if method == "draft_model":
         return f"chain of {st.num_draft_tokens}"
-    return f"dynamic depth={st.depth} top_k={st.top_k} total_tokens={st.total_tokens}"
+    return f"dynamic depth={st.depth} top_k={st.top_k} total_tokens={st.total_tokens}{lookup}"
 
 
 def portable(value):

@@ -66,6 +66,7 @@ class BenchConfig:
     label: str  # as given on the command line
     method: str  # the engine's speculative_method
     fixed: bool  # adaptive speculation off for these requests
+    lookup: bool = True  # prompt lookup as the engine is configured (False: prompt_lookup_tokens 0)
 
 
 def parse_configs(text: str) -> list[BenchConfig]:
@@ -74,12 +75,14 @@ def parse_configs(text: str) -> list[BenchConfig]:
     out = []
     for label in (s.strip() for s in text.split(",") if s.strip()):
         base, fixed = (label[: -len("-fixed")], True) if label.endswith("-fixed") else (label, False)
+        base, lookup = (base[: -len("-nolookup")], False) if base.endswith("-nolookup") else (base, True)
         method = "none" if base == "plain" else base
+        methods = ", ".join(m for m in METHODS if m != "none")
         _validate_that(method in METHODS, f"--configs: unknown configuration {label!r} "
-                                          f"(plain, {', '.join(m for m in METHODS if m != 'none')}, <method>-fixed)")
+                                          f"(plain, {methods}, <method>[-nolookup][-fixed])")
         _validate_that(not fixed or method in FIXABLE, f"--configs: {label!r}: only {', '.join(FIXABLE)} "
                                                        f"can be fixed")
-        out.append(BenchConfig(label, method, fixed))
+        out.append(BenchConfig(label, method, fixed, lookup))
     _validate_that(len(out) > 0, "--configs is empty")
     _validate_that(len({c.label for c in out}) == len(out), "--configs names a configuration twice")
     return out
@@ -134,7 +137,8 @@ class InProcess:
 
         total = self.engine.policy.total_tokens if config.fixed else None
         req = GenerationRequest(request_id=request_id, input_ids=ids, max_tokens=self.output_tokens,
-                                spec=SpecParams(method=config.method, total_tokens=total))
+                                spec=SpecParams(method=config.method, total_tokens=total,
+                                                prompt_lookup_tokens=None if config.lookup else 0))
         done, first, last, count = threading.Event(), [], [], [0]
 
         def emit(out):
@@ -196,6 +200,8 @@ class OverGrpc:
                  "speculative_method": (np.array([[config.method.encode()]], dtype=object), "BYTES")}
         if config.fixed:
             named["eagle_total_tokens"] = (np.array([[self.fixed_total_tokens]], np.int32), "INT32")
+        if not config.lookup:
+            named["prompt_lookup_tokens"] = (np.array([[0]], np.int32), "INT32")
         inputs = []
         for name, (array, dtype) in named.items():
             tensor = grpcclient.InferInput(name, list(array.shape), dtype)

@@ -3,7 +3,8 @@
 # and the model card quote, into docs/bench/ (each output records its own command line,
 # machine and date). Run it on an otherwise idle machine; stages can be named to rerun
 # only those.
-#   bash tools/bench/cpu_family.sh [latency] [small-trees] [large-trees] [tree-sizes] [adaptive] [family] [concurrency] [genai-perf]
+#   bash tools/bench/cpu_family.sh [latency] [small-trees] [large-trees] [tree-sizes] [lookup] [adaptive] [family]
+#     [concurrency] [genai-perf] (and the stages below that the default list leaves out)
 #
 # latency      tools/bench/bench.py latency --compare: every method, plain decoding and the
 #              transformers references (generate, assisted generation with the draft
@@ -20,6 +21,13 @@
 #              nodes, once as the engine routes CPU matmuls (MKL packs included) and once with
 #              SPECDEC_CPU_MKL_PACKS=0 (F.linear and oneDNN only), into latency_tree_sizes_*
 #              and latency_tree_sizes_no_packs_*
+# lookup       the same requests: plain decoding, EAGLE-3 with trees of 3, 8 and 16 nodes and EAGLE-2
+#              with 8, each with prompt lookup (the default) and without (+nolookup), and
+#              transformers' prompt lookup
+# adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
+#              with prompt lookup and without
+# concurrency-lookup  bench_concurrency.py: plain vs EAGLE-3 adaptive with prompt lookup and without,
+#              at 1-32 concurrent requests, one run
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
 #              speculation on (the served default), full trees of 16 nodes
 # family       tools/bench/eval_family.py: sample answers and the learning curve (model card)
@@ -40,7 +48,8 @@ SETS=${SETS:-humaneval mt_bench gsm8k alpaca}  # the EAGLE question sets the lat
 OUT=docs/bench
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(latency small-trees large-trees tree-sizes adaptive family concurrency genai-perf)
+[ ${#stages[@]} -gt 0 ] ||
+  stages=(latency small-trees large-trees tree-sizes lookup adaptive family concurrency genai-perf)
 mkdir -p "$OUT"
 
 # latency_on_every_set NAME [--plot] [bench.py options...]: the first $QUESTIONS questions
@@ -77,6 +86,17 @@ for stage in "${stages[@]}"; do
         --compare $sizes ;;
     adaptive)
       latency_on_every_set latency_adaptive --adaptive on --compare none,eagle3,eagle2 ;;
+    lookup)
+      entries=none,eagle3+nolookup@3,eagle3@3,eagle3+nolookup@8,eagle3@8,eagle3+nolookup,eagle3
+      entries+=,eagle2+nolookup@8,eagle2@8,hf-prompt-lookup
+      latency_on_every_set latency_lookup --eagle-total-tokens 16 --compare $entries ;;
+    adaptive-lookup)
+      latency_on_every_set latency_adaptive_lookup --adaptive on \
+        --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2 ;;
+    concurrency-lookup)
+      $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
+        --configs plain,eagle3-nolookup,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 --output-tokens 32 \
+        --eagle-total-tokens 16 --report-json "$OUT/concurrency_lookup.json" --plot "$OUT/concurrency_lookup.png" ;;
     family)
       $PY tools/bench/eval_family.py --questions 4 --curve-tokens 48 --json "$OUT/family.json" \
         --snapshots .cache/train/heads/snapshots .cache/train/round4_work/snapshots .cache/train/round5_work/snapshots \

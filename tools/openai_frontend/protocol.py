@@ -18,7 +18,7 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              scores the prompt alone), suffix (none), best_of (n only)
     extra    top_k, min_tokens, repetition_penalty, ignore_eos, stop_token_ids (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
-             eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens
+             eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens, prompt_lookup_tokens
 
 OpenAI's defaults apply: temperature 1 and top_p 1 when absent (the ensemble's own
 default is greedy; clients that want greedy send temperature 0). `n` choices per prompt,
@@ -223,6 +223,7 @@ def parse_request(body: Any, endpoint: str) -> Generation:
         "eagle_top_k": _int(body, "eagle_top_k", lo=1),
         "eagle_total_tokens": _int(body, "eagle_total_tokens", lo=1),
         "num_draft_tokens": _int(body, "num_draft_tokens", lo=0),
+        "prompt_lookup_tokens": _int(body, "prompt_lookup_tokens", lo=0),
     }
     return Generation(
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, n=n, echo=echo, max_tokens=max_tokens,

@@ -48,6 +48,7 @@ class TreeSettings:
     num_draft_tokens: int = 4
     pinned: bool = False  # the request fixed its tree size: adaptive speculation leaves it alone
     budget: Optional[int] = None  # this step's node limit for a static tree (adaptive speculation)
+    lookup_tokens: int = 0  # eagle/medusa: most tokens of the branch copied from the text (lookup.py)
 
 
 @dataclass
