@@ -140,6 +140,7 @@ BAD_BODIES = [
     ({"text_input": "hi", "max_tokens": 4, "top_k": -1}, "top_k"),
     ({"text_input": "hi", "max_tokens": 4, "repetition_penalty": 0.0}, "repetition_penalty"),
     ({"text_input": "hi", "max_tokens": 4, "speculative_method": "magic"}, "speculative_method"),
+    ({"text_input": "hi", "max_tokens": 4, "prompt_lookup_tokens": -1}, "prompt_lookup_tokens"),
 ]
 
 

@@ -104,6 +104,7 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (CHAT, {"speculative_method": "warp"}, "speculative_method"),
     (CHAT, {"eagle_depth": 0}, "eagle_depth"),
     (CHAT, {"num_draft_tokens": -1}, "num_draft_tokens"),
+    (CHAT, {"prompt_lookup_tokens": -1}, "prompt_lookup_tokens"),
     (CHAT, {"min_tokens": -1}, "min_tokens"),
     (CHAT, {"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
     (CHAT, {"top_k": -2}, "top_k"),

@@ -28,13 +28,13 @@ def test_build_request_reads_trtllm_names_and_aliases():
         temperature=np.array([[0.7]], np.float32), random_seed=np.array([[9]], np.uint64),
         min_length=np.array([[2]], np.int32), streaming=np.array([[True]]),
         stop_words_list=to_word_list([[1, 2], [3]])[None], speculative_method=np.array([[b"eagle3"]], object),
-        eagle_depth=np.array([[4]], np.int32)))
+        eagle_depth=np.array([[4]], np.int32), prompt_lookup_tokens=np.array([[0]], np.int32)))
     assert req.input_ids == [5, 6, 7] and req.max_tokens == 4
     assert req.end_id == 2 and req.pad_id is None
     assert (req.sampling.top_k, req.sampling.top_p, req.sampling.seed, req.sampling.min_tokens) == (3, 0.5, 9, 2)
     assert req.sampling.temperature == pytest.approx(0.7)
     assert req.stop_words == [[1, 2], [3]] and req.bad_words == []
-    assert req.spec.method == "eagle3" and req.spec.depth == 4
+    assert req.spec.method == "eagle3" and req.spec.depth == 4 and req.spec.prompt_lookup_tokens == 0
     assert opts == ResponseOptions(streaming=True, exclude_input_in_output=False)
 
 
