@@ -213,7 +213,13 @@ def test_stop_token_ids_end_the_text_before_the_token(served, name, tokenizer):
     stop = middle[0]
     r = client.completions.create(**{**kw, "extra_body": {"min_tokens": 40, "stop_token_ids": [stop]}})
     got, finish = r.choices[0].text, r.choices[0].finish_reason
-    assert (got, finish) == (text[:text.index(tokenizer.decode([stop]))], "stop")
+    end = text.index(tokenizer.decode([stop]))
+    assert (got, finish) == (text[:end], "stop")
+    assert r.choices[0].model_extra["stop_reason"] == stop  # vLLM's field: the token that ended it
+    # vLLM's include_stop_str_in_output: the answer ends after the token instead
+    r = client.completions.create(**{**kw, "extra_body": {"min_tokens": 40, "stop_token_ids": [stop],
+                                                          "include_stop_str_in_output": True}})
+    assert r.choices[0].text == text[: end + len(tokenizer.decode([stop]))]
 
 
 def test_log_probs_come_with_their_tokens(served):

@@ -164,11 +164,14 @@ def test_stop_matcher_equals_cutting_the_whole_text():
         stops = ["".join(rng.choice("abc\n") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
         cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randint(0, 6))))
         pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
-        m = StopMatcher(stops)
+        include = rng.random() < 0.5  # vLLM's include_stop_str_in_output
+        m = StopMatcher(stops, include)
         out = "".join(m.feed(p) for p in pieces) + m.finish()
         at = first_stop(text, stops)
-        assert out == (text if at < 0 else text[:at]), (text, stops, pieces)
-        assert m.stopped == (at >= 0)
+        matched = next((s for s in stops if text.startswith(s, at)), None) if at >= 0 else None
+        end = len(text) if at < 0 else at + (len(matched) if include else 0)
+        assert out == text[:end], (text, stops, pieces, include)
+        assert m.stopped == (at >= 0) and m.matched == matched
 
 
 # -- Triton inputs ----------------------------------------------------------------------------
@@ -387,11 +390,23 @@ def test_a_stop_string_cuts_the_text_and_cancels_the_rest(front_tokenizer):
     assert choice["logprobs"]["tokens"] == ["one", " two", " three"] and choice["logprobs"]["text_offset"] == [0, 3, 7]
     assert frontend.client.streams[0].cancelled  # the final response never came
     assert frontend.client.requests[0]["streaming"].tolist() == [[True]]  # so the match ends it early
+    assert choice["stop_reason"] == " four"  # vLLM's field: the stop string that ended it
     chunks = run(collect(frontend.chunks(parse_request({**TEXT_BODY, "model": "speculative_decoding",
                                                         "stop": " four", "stream": True}, COMPLETIONS))))
     assert "".join(c["choices"][0]["text"] for c in chunks) == "one two three"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["choices"][0]["stop_reason"] == " four"
+    assert all(c["choices"][0]["stop_reason"] is None for c in chunks[:-1])
     assert frontend.client.streams[1].cancelled
+    # vLLM's include_stop_str_in_output: the text ends after the stop string, its token's log-prob with it
+    body = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "stop": [" four"],
+                                                "logprobs": 0, "include_stop_str_in_output": True}, COMPLETIONS)))
+    choice = body["choices"][0]
+    assert choice["text"] == "one two three four" and choice["stop_reason"] == " four"
+    assert choice["logprobs"]["tokens"] == ["one", " two", " three", " four"]
+    # an answer that ends at its length has no stop reason
+    body = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "max_tokens": 3},
+                                               COMPLETIONS)))
+    assert body["choices"][0]["stop_reason"] is None
 
 
 @pytest.mark.parametrize("per_piece", [1, 3])
@@ -414,10 +429,18 @@ def test_stop_token_ids_end_a_token_models_answer_before_the_token(front_tokeniz
     assert sent["streaming"].tolist() == [[True]]  # so the front door sees the token as it comes
     assert sent["stop_words_list"][0].tolist() == [[four, 10 ** 3], [1, 2]]  # and the engine stops on it too
     assert frontend.client.streams[0].cancelled
+    assert choice["stop_reason"] == four  # vLLM's field: the token id that ended it
     chunks = run(collect(frontend.chunks(parse_request({**CHAT_BODY, "model": "speculative_decoding", "stream": True,
                                                         "stop_token_ids": [four]}, CHAT))))
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "one two three"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["choices"][0]["stop_reason"] == four
+    # with include_stop_str_in_output the stop token's text and log-prob stay; the count is the same
+    body = run(frontend.complete(parse_request({**TEXT_BODY, "model": "speculative_decoding", "stop_token_ids": [four],
+                                                "logprobs": 0, "include_stop_str_in_output": True}, COMPLETIONS)))
+    choice = body["choices"][0]
+    assert choice["text"] == "one two three four" and choice["stop_reason"] == four
+    assert choice["logprobs"]["tokens"] == ["one", " two", " three", " four"]
+    assert body["usage"]["completion_tokens"] == ids.index(four) + 1
 
 
 def test_stop_token_ids_become_stop_strings_for_a_text_model(front_tokenizer):
@@ -428,6 +451,7 @@ def test_stop_token_ids_become_stop_strings_for_a_text_model(front_tokenizer):
                                                 "stop_token_ids": [four]}, CHAT)))
     assert body["choices"][0]["message"]["content"] == "one two three"
     assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["stop_reason"] == four  # reported as the token the client named
     assert frontend.client.requests[0]["stop_words"].tolist() == [[b"zzz", b" four"]]
     split = next(t for t in range(1000, len(front_tokenizer.hf))  # a token whose text encodes otherwise
                  if front_tokenizer.encode_word(front_tokenizer.token_text(t)) != [t])

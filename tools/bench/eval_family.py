@@ -67,7 +67,8 @@ def run(engine: Engine, prompts: list[list[int]], new_tokens: int, method: str, 
 def engine_for(family: Path, eagle: Path, eagle3: Path, batch: int, max_seq_len: int) -> Engine:
     return Engine(EngineConfig(base_model_dir=str(family / "base"), eagle_dir=str(eagle), eagle3_dir=str(eagle3),
                                speculative_method="eagle2", eagle_total_tokens=16, adaptive_speculation=False,
-                               max_batch_size=batch, max_seq_len=max_seq_len, max_tokens_limit=512))
+                               max_batch_size=batch, max_seq_len=max_seq_len, max_tokens_limit=512,
+                               prompt_lookup_tokens=0))  # the heads' own acceptance, nothing copied from the text
 
 
 def learning_curve(family: Path, snapshots: list[Path], prompts: dict, new_tokens: int, end_id: int,
@@ -109,7 +110,8 @@ def card_section(report: dict) -> str:
         lines += [f"**{item['set']}**: {question[:300]}{'...' if len(question) > 300 else ''}", "",
                   "> " + item["answer"].strip().replace("\n", "\n> "), ""]
     lines += ["### Learning curve", "",
-              f"τ (tokens per target forward, temperature 0, adaptive speculation off, 16-token dynamic tree, "
+              f"τ (tokens per target forward, temperature 0, adaptive speculation off, no prompt lookup, "
+              f"16-token dynamic tree, "
               f"first {report['questions']} questions, {report['curve_tokens']} new tokens) against the answer "
               f"tokens the heads were trained on (epochs counted):", "",
               "| answer tokens trained | EAGLE-2 MT-bench | EAGLE-2 HumanEval | EAGLE-3 MT-bench | EAGLE-3 HumanEval |",

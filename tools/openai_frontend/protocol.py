@@ -16,7 +16,8 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              prompt), logprobs (0-20: the sampled token's log-probability and that many
              alternatives), echo (with logprobs: the prompt's scored too; max_tokens 0 then
              scores the prompt alone), suffix (none), best_of (n only)
-    extra    top_k, min_tokens, repetition_penalty, ignore_eos, stop_token_ids (vLLM's names) and the
+    extra    top_k, min_tokens, repetition_penalty, ignore_eos, stop_token_ids,
+             include_stop_str_in_output (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens, prompt_lookup_tokens
 
@@ -78,6 +79,9 @@ class Generation:
     max_tokens: Optional[int] = None  # None: the server's default
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: the answer ends before the first of these tokens
+    include_stop_str_in_output: bool = False  # vLLM's: the answer ends after the stop string or token instead
+    # a text model's stop_token_ids, turned into stop strings: (text, token id), for stop_reason
+    stop_token_texts: tuple[tuple[str, int], ...] = ()
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -227,7 +231,9 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     }
     return Generation(
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, n=n, echo=echo, max_tokens=max_tokens,
-        stop=_stop(body), stop_token_ids=_stop_token_ids(body), stream=stream, include_usage=include_usage,
+        stop=_stop(body), stop_token_ids=_stop_token_ids(body),
+        include_stop_str_in_output=bool(_bool(body, "include_stop_str_in_output")), stream=stream,
+        include_usage=include_usage,
         logprobs=logprobs, top_logprobs=top_logprobs,
         ignore_eos=bool(_bool(body, "ignore_eos")), logit_bias=_logit_bias(body), sampling=sampling,
         speculative={k: v for k, v in speculative.items() if v is not None})

@@ -16,6 +16,9 @@ from typing import Optional, Sequence
 from .protocol import CHAT
 
 
+# vLLM's stop_reason: the stop token id or stop string that ended a choice, None otherwise
+StopReason = Optional[int | str]
+
 # JSON has no -inf: a token the sampling filters ruled out (log-prob -inf) gets vLLM's floor.
 LOGPROB_FLOOR = -9999.0
 
@@ -71,12 +74,14 @@ class Shapes:
     def _logprobs(self, entries: Sequence[TokenLogProb]):
         return logprobs_json(self.endpoint, entries, self.top_logprobs > 0) if self.logprobs else None
 
-    def choice(self, index: int, text: str, finish_reason: str, entries: Sequence[TokenLogProb] = ()) -> dict:
+    def choice(self, index: int, text: str, finish_reason: str, entries: Sequence[TokenLogProb] = (),
+               stop_reason: StopReason = None) -> dict:
         """One choice of a whole (non-streamed) answer."""
         if self.endpoint == CHAT:
             return {"index": index, "message": {"role": "assistant", "content": text},
-                    "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
-        return {"index": index, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
+                    "logprobs": self._logprobs(entries), "finish_reason": finish_reason, "stop_reason": stop_reason}
+        return {"index": index, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason,
+                "stop_reason": stop_reason}
 
     def answer(self, choices: list[dict], use: dict) -> dict:
         """The whole (non-streamed) answer, its `choices` from `choice()`."""
@@ -85,16 +90,16 @@ class Shapes:
         return body
 
     def chunk(self, index: int, text: str, entries: Sequence[TokenLogProb] = (), finish_reason: Optional[str] = None,
-              first: bool = False) -> dict:
+              first: bool = False, stop_reason: StopReason = None) -> dict:
         """One stream chunk of choice `index`; `first` (chat) opens the assistant's message."""
         if self.endpoint == CHAT:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
             choice = {"index": index, "delta": delta, "logprobs": self._logprobs(entries) if entries else None,
-                      "finish_reason": finish_reason}
+                      "finish_reason": finish_reason, "stop_reason": stop_reason}
             body = self._envelope("chat.completion.chunk", [choice])
         else:
             choice = {"index": index, "text": text, "logprobs": self._logprobs(entries) if entries else None,
-                      "finish_reason": finish_reason}
+                      "finish_reason": finish_reason, "stop_reason": stop_reason}
             body = self._envelope("text_completion", [choice])
         if self.include_usage:
             body["usage"] = None

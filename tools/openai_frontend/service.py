@@ -16,7 +16,9 @@ Owns the rules that tie the other modules together:
   token counts in `completion_tokens` and its text is left out, as in vLLM; its
   log-prob is left out with it); a text model gets each token's text as one more stop
   string (refused, like `logit_bias`, for a token whose text does not encode back to it
-  alone);
+  alone). With vLLM's `include_stop_str_in_output` the answer ends after the stop
+  string or token instead, and every choice says in vLLM's `stop_reason` which stop
+  string or token id ended it (null for end of turn and length);
 - a generation ends early by closing its stream: on a stop string the front door saw
   first, on a client that went away (the web layer cancels the awaiting task), or on
   an error. Closing before the final response cancels the Triton request;
@@ -88,10 +90,10 @@ class Output:
         self.call = call
         self.tokenizer = tokenizer
         self.max_context = max_context
-        self.matcher = StopMatcher(call.gen.stop) if call.gen.stop else None
+        self.matcher = StopMatcher(call.gen.stop, call.gen.include_stop_str_in_output) if call.gen.stop else None
         self.detok = tokenizer.detokenizer() if call.target.kind == TOKENS else None
         self.stop_ids = frozenset(call.gen.stop_token_ids) if self.detok is not None else frozenset()
-        self.token_stopped = False  # a token of stop_token_ids came
+        self.stop_token: Optional[int] = None  # the token of stop_token_ids that came
         self.raw = []  # every text piece received (text models without num_output_tokens: re-encoded for the count)
         self.n_tokens = 0  # token models: ids received; text models: num_output_tokens received
         self.counted = False  # a text model sent num_output_tokens
@@ -104,8 +106,22 @@ class Output:
         return self.matcher is not None and self.matcher.stopped
 
     @property
+    def token_stopped(self) -> bool:
+        return self.stop_token is not None
+
+    @property
     def stopped(self) -> bool:
         return self.string_stopped or self.token_stopped
+
+    def stop_reason(self) -> Optional[int | str]:
+        """vLLM's `stop_reason`: the stop token id or stop string that ended the answer;
+        None when it ended otherwise (end of turn, length). A text model's stop token,
+        matched as its text, is reported as the token."""
+        if self.token_stopped:
+            return self.stop_token
+        if self.string_stopped:
+            return dict(self.call.gen.stop_token_texts).get(self.matcher.matched, self.matcher.matched)
+        return None
 
     def add(self, piece: Piece) -> tuple[str, list[TokenLogProb]]:
         """The visible text this piece adds and the log-probs that may be sent with it."""
@@ -114,10 +130,11 @@ class Output:
             ids, log_probs = list(piece.token_ids), list(piece.log_probs)
             tops = piece.top or [()] * len(ids)
             cut = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
-            if cut is not None:  # the stop token counts; its text and log-prob are left out
-                self.token_stopped, final = True, True
-                self.n_tokens += 1
-                ids, log_probs, tops = ids[:cut], log_probs[:cut], tops[:cut]
+            if cut is not None:  # the stop token counts; its text and log-prob are left out unless asked for
+                self.stop_token, final = ids[cut], True
+                keep = cut + 1 if self.call.gen.include_stop_str_in_output else cut
+                self.n_tokens += 1 + cut - keep
+                ids, log_probs, tops = ids[:keep], log_probs[:keep], tops[:keep]
             piece_text = self.detok.add(ids, final=final)
             self.n_tokens += len(ids)
             if self.call.gen.logprobs:
@@ -249,7 +266,9 @@ class Frontend:
             self.tokenizer.check_ids(gen.stop_token_ids, "stop_token_ids")
             if target.kind == TEXT:  # each token's text, as one more stop string
                 texts = tuple(self._text_alone(target, t, "stop_token_ids") for t in gen.stop_token_ids)
-                gen = replace(gen, stop=tuple(dict.fromkeys(gen.stop + texts)), stop_token_ids=())
+                gen = replace(gen, stop=tuple(dict.fromkeys(gen.stop + texts)), stop_token_ids=(),
+                              stop_token_texts=tuple((x, t) for x, t in zip(texts, gen.stop_token_ids)
+                                                     if x not in gen.stop))
         shapes = shapes or self.shapes(gen)
         templated = gen.endpoint == CHAT
         prompts = (self.tokenizer.chat_prompt(gen.messages),) if templated else gen.prompts
@@ -404,8 +423,8 @@ class Frontend:
                     outputs[delta.index] = delta.output
         finally:
             await deltas.aclose()
-        choices = [shapes.choice(c.index, texts[c.index], outputs[c.index].finish_reason(), entries[c.index])
-                   for c in calls]
+        choices = [shapes.choice(c.index, texts[c.index], outputs[c.index].finish_reason(), entries[c.index],
+                                 outputs[c.index].stop_reason()) for c in calls]
         return shapes.answer(choices, self._usage(calls, outputs))
 
     async def chunks(self, gen: Generation) -> AsyncIterator[dict]:
@@ -425,7 +444,8 @@ class Frontend:
                     yield shapes.chunk(delta.index, delta.text, delta.entries)
                 if delta.output is not None:
                     outputs[delta.index] = delta.output
-                    yield shapes.chunk(delta.index, "", finish_reason=delta.output.finish_reason())
+                    yield shapes.chunk(delta.index, "", finish_reason=delta.output.finish_reason(),
+                                       stop_reason=delta.output.stop_reason())
         finally:
             await deltas.aclose()
         if gen.include_usage:

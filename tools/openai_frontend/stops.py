@@ -1,5 +1,6 @@
 """Stop strings on text, streamed: OpenAI's rule that the output ends before the first
-stop string and never contains it.
+stop string and never contains it (or, with vLLM's `include_stop_str_in_output`, right
+after it).
 
 The engine also gets the stop strings (as token sequences) and usually stops on them,
 but keeps the stop word's tokens, and a string that tokenizes differently inside the
@@ -13,7 +14,7 @@ piece is held back while it could still be the start of a stop string:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def first_stop(text: str, stops: Sequence[str]) -> int:
@@ -31,12 +32,19 @@ class StopMatcher:
     first, may still complete and wins if it does).
     """
 
-    def __init__(self, stops: Sequence[str]):
+    def __init__(self, stops: Sequence[str], include: bool = False):
         assert all(stops), "stop strings must not be empty"
         self.stops = tuple(stops)
+        self.include = include  # vLLM's include_stop_str_in_output: the text ends after the stop string
         self._longest = max(len(s) for s in self.stops)
         self._held = ""  # text received but not yet returned
         self.stopped = False
+        self.matched: Optional[str] = None  # the stop string that ended the text (the first listed, at a tie)
+
+    def _stop(self, text: str, at: int) -> str:
+        self.stopped, self._held = True, ""
+        self.matched = next(s for s in self.stops if text.startswith(s, at))
+        return text[: at + len(self.matched)] if self.include else text[:at]
 
     def _open_start(self, text: str) -> int:
         """The first position from which `text` is a proper prefix of a stop string (a match
@@ -54,8 +62,7 @@ class StopMatcher:
         at = first_stop(text, self.stops)
         hold = self._open_start(text)
         if 0 <= at <= hold:
-            self.stopped, self._held = True, ""
-            return text[:at]
+            return self._stop(text, at)
         self._held = text[hold:]
         return text[:hold]
 
@@ -64,6 +71,5 @@ class StopMatcher:
         text, self._held = ("" if self.stopped else self._held), ""
         at = first_stop(text, self.stops)
         if at >= 0:
-            self.stopped = True
-            return text[:at]
+            return self._stop(text, at)
         return text
