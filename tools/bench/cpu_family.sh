@@ -123,6 +123,6 @@ for stage in "${stages[@]}"; do
       REQUESTS=${REQUESTS:-12} bash tools/bench/genai_perf_run.sh .cache/genai_perf
       cp .cache/genai_perf/comparison.json "$OUT/genai_perf.json"
       cp .cache/genai_perf/comparison.md "$OUT/genai_perf.md" ;;
-    *) echo "unknown stage $stage (latency, small-trees, large-trees, tree-sizes, adaptive, family, concurrency, concurrency-packs, genai-perf)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage: the stages are listed at the top of $0" >&2; exit 2 ;;
   esac
 done
