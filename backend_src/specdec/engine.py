@@ -4,7 +4,8 @@ A step reads top to bottom:
 1. admit waiting requests into free KV slots and prefill them, several prompts per
    forward where their lengths allow (`prefill.py`; first token emitted);
 2. plan each running request's tree for this step (method, size: `policy.py`);
-3. drafters propose trees (one call per group of requests with equal settings);
+3. drafters propose trees (one call per group of requests with equal settings), and
+   EAGLE and Medusa trees take prompt lookup's branch (drafters/lookup.py);
 4. ONE target forward verifies every request's tree (plain decoding is a one-node tree);
 5. verification picks each request's accepted path and bonus token (greedy: exact
    match; sampling: lossless rejection sampling);

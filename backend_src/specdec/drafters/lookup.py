@@ -33,9 +33,9 @@ class NgramIndex:
 
     max_ngram: int = 3
     min_ngram: int = 2
-    indexed: int = 0  # tokens[:indexed] end an indexed n-gram (or start the text)
+    indexed: int = 0  # the n-grams ending at positions below this one are in `latest`
     # n-gram -> position of its last token, at its latest occurrence that has a next token
-    latest: dict = field(default_factory=dict)
+    latest: dict[tuple[int, ...], int] = field(default_factory=dict)
 
     def _update(self, tokens: list[int]) -> None:
         end = len(tokens) - 1  # the last token has no next token yet: not indexed
@@ -45,8 +45,8 @@ class NgramIndex:
         self.indexed = max(self.indexed, end)
 
     def continuation(self, tokens: list[int], length: int) -> list[int]:
-        """Up to `length` tokens that followed the latest earlier occurrence of the
-        longest indexed n-gram ending `tokens`; [] when none occurred. A copy that
+        """The `length` tokens that followed the latest earlier occurrence of the
+        longest n-gram ending `tokens`; [] when none occurred. A copy that
         reaches the end of `tokens` goes on from its own start: text that repeats with
         period k is predicted to keep repeating."""
         self._update(tokens)
