@@ -246,14 +246,18 @@ def sampling_for(args: argparse.Namespace, task_id: int) -> SamplingParams:
 
 def entry_method(entry: str) -> str:
     """The engine method or `transformers` reference an entry runs (`eagle3+lookup@3`: eagle3)."""
-    return entry.split("@", 1)[0].split("+", 1)[0]
+    return entry.split("@", 1)[0].partition("+")[0]
+
+
+def entry_option(entry: str) -> str:
+    """What follows `+` in an entry's name (`eagle3+lookup@3`: lookup), else ""."""
+    return entry.split("@", 1)[0].partition("+")[2]
 
 
 def entry_lookup(entry: str) -> Optional[int]:
     """The prompt lookup an entry asks for: `+lookup` a branch of up to
     PROMPT_LOOKUP_TOKENS tokens, `+nolookup` none, else None (the engine's default)."""
-    option = entry.split("@", 1)[0].partition("+")[2]
-    return {"lookup": PROMPT_LOOKUP_TOKENS, "nolookup": 0}.get(option)
+    return {"lookup": PROMPT_LOOKUP_TOKENS, "nolookup": 0}.get(entry_option(entry))
 
 
 def entry_nodes(entry: str) -> Optional[int]:
@@ -392,7 +396,7 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
     for e in entries:
         _validate_that(entry_method(e) in ENTRIES,
                        f"unknown configuration {e!r}; choose from {', '.join(ENTRIES)} (and {'@N, '.join(SIZED)}@N)")
-        option = e.split("@", 1)[0].partition("+")[2]
+        option = entry_option(e)
         _validate_that(not option or (option in ("lookup", "nolookup") and entry_method(e) in LOOKUP_METHODS),
                        f"configuration {e!r}: +lookup and +nolookup follow one of {', '.join(LOOKUP_METHODS)}")
         if "@" in e:

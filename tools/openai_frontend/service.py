@@ -130,13 +130,12 @@ class Output:
             ids, log_probs = list(piece.token_ids), list(piece.log_probs)
             tops = piece.top or [()] * len(ids)
             cut = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
-            if cut is not None:  # the stop token counts; its text and log-prob are left out unless asked for
+            self.n_tokens += len(ids) if cut is None else cut + 1  # a stop token counts, what follows it not
+            if cut is not None:  # the stop token's text and log-prob are left out unless asked for
                 self.stop_token, final = ids[cut], True
                 keep = cut + 1 if self.call.gen.include_stop_str_in_output else cut
-                self.n_tokens += 1 + cut - keep
                 ids, log_probs, tops = ids[:keep], log_probs[:keep], tops[:keep]
             piece_text = self.detok.add(ids, final=final)
-            self.n_tokens += len(ids)
             if self.call.gen.logprobs:
                 for token_id, logprob, top in zip(ids, log_probs, tops):
                     entry = log_prob_entry(self.tokenizer, token_id, float(logprob), self._raw_chars, top)

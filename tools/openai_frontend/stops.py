@@ -38,11 +38,14 @@ class StopMatcher:
         self.include = include  # vLLM's include_stop_str_in_output: the text ends after the stop string
         self._longest = max(len(s) for s in self.stops)
         self._held = ""  # text received but not yet returned
-        self.stopped = False
         self.matched: Optional[str] = None  # the stop string that ended the text (the first listed, at a tie)
 
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
+
     def _stop(self, text: str, at: int) -> str:
-        self.stopped, self._held = True, ""
+        self._held = ""
         self.matched = next(s for s in self.stops if text.startswith(s, at))
         return text[: at + len(self.matched)] if self.include else text[:at]
 
