@@ -114,7 +114,10 @@ prepare() {  # here: the question sets, the wheel in chunks and the gguf wheel, 
     cp -f "${sets[@]}" .gpu_data/
     echo "copied ${#sets[@]} question sets to .gpu_data/"
     local base=${SPECDEC_FAMILY_DIR:-.cache/smollm2}/base name
-    [[ -f $base/tokenizer.json ]] || { echo "prepare: no $base/tokenizer.json: run bash tools/setup_env.sh" >&2; exit 1; }
+    if [[ ! -f $base/tokenizer.json ]]; then
+        echo "prepare: no $base/tokenizer.json: run bash tools/setup_env.sh" >&2
+        exit 1
+    fi
     for name in "${TOKENIZER_FILES[@]}"; do cp -f "$base/$name" .gpu_tok/base/; done
     echo "copied SmolLM2's tokenizer files to .gpu_tok/base/"
     if ! compgen -G '.whl/gguf-*.whl' >/dev/null; then
