@@ -30,7 +30,10 @@ import math
 from types import MappingProxyType
 from typing import Iterable, Mapping, Optional
 
-EMA = 0.2  # weight of one observation in a running measured/predicted ratio
+# Weight of one observation in a running measured/predicted ratio (~20-observation
+# memory). One step's time varies by ~10 % on a shared VM; at 0.2 a cell moved with the
+# last ~5 steps, enough to flip the plan between tree sizes whose rates differ by 5 %
+EMA = 0.05
 CELL_TRUST = 3  # observations before a cell's own ratio replaces its class's
 RATIO_CLAMP = (0.25, 8.0)  # one odd observation (a page fault, a GC pause) moves little
 MAX_GRID_TOKENS = 1024  # the verify grid stops at B x N tokens beyond this (then extrapolated)
