@@ -65,6 +65,12 @@ MAX_TREE = 128
 CALIBRATION_SIZES = (4, 8, 16, 32, 64)  # EAGLE-2/3 tree sizes timed when eagle_total_tokens is 0
 WARM_UP_TOKENS = 8  # the untimed generation before each size's timed one
 CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
+# Timed runs of each verify shape, in rounds over every shape (after one untimed run
+# each): the plan's choice between 2, 3 and 4 nodes at batch 1 hinges on verify costs
+# 2-20 % apart, and three runs of one shape in a row, on a VM whose speed drifts, put
+# the 3-node forward at +12 % of a plain one at one load and +22 % at the next
+TIMING_ROUNDS = 5
+SHARE_DECAYS = [i / 100 for i in range(1, 100)]  # the q that `_fitted_shares` chooses from
 PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was not measured
 PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many observed steps
 # Each new observation keeps this much of the older ones' weight (~20-step memory). One
@@ -535,16 +541,18 @@ class SpeculationPolicy:
         batch_sizes, tree_sizes = self.verify_grid(engine.num_slots, max_tree)
         prefix_len = min(CALIBRATION_PREFIX, engine.max_context - max_tree - 1)
         self.cost = StepCost(batch_sizes, tree_sizes, prefix_len)
-        for B in batch_sizes:
-            for N in tree_sizes:
-                if B * N > MAX_GRID_TOKENS and N > 1:
-                    break
-                self.cost.set_verify(B, N, _time_forward(engine, B, N, prefix_len))
+        shapes = [(B, N, prefix_len) for B in batch_sizes for N in tree_sizes if B * N <= MAX_GRID_TOKENS or N == 1]
         long_prefix = min(4 * prefix_len, engine.max_context - max_tree - 1)
         B = batch_sizes[min(2, len(batch_sizes) - 1)]
-        N = max(n for n in tree_sizes if (B, n) in self.cost.verify)
+        N = max(n for b, n, _ in shapes if b == B)
         if long_prefix > prefix_len:
-            extra = _time_forward(engine, B, N, long_prefix) - self.cost.verify[(B, N)]
+            shapes.append((B, N, long_prefix))
+        seconds = _time_forwards(engine, shapes)
+        for (b, n, prefix), t in zip(shapes, seconds):
+            if prefix == prefix_len:
+                self.cost.set_verify(b, n, t)
+        if long_prefix > prefix_len:
+            extra = seconds[-1] - self.cost.verify[(B, N)]
             self.cost.attn_slope = max(0.0, extra / (B * N * (long_prefix - prefix_len)))
 
     def verify_grid(self, max_batch: int, max_tree: int) -> tuple[list[int], list[int]]:
@@ -636,10 +644,22 @@ class SpeculationPolicy:
         self.total_tokens = best
 
 
-def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
-    """Median seconds of a verify-shaped target forward: B slots, N tree tokens each
-    after `prefix_len` cached ones, logits of every node, one host sync (the first of
-    four runs is a warm-up)."""
+def _time_forwards(engine, shapes: list[tuple[int, int, int]]) -> list[float]:
+    """Median seconds of each verify-shaped target forward (B slots, N tree tokens each
+    after `prefix_len` cached ones, logits of every node, one host sync) in `shapes`:
+    one untimed run of each, then TIMING_ROUNDS rounds that time every shape once, so
+    that a drift of the machine's speed falls on every shape alike."""
+    runs = [_forward_run(engine, *shape) for shape in shapes]  # warm-up: first use of each shape
+    times = [[] for _ in shapes]
+    for _ in range(TIMING_ROUNDS):
+        for i, run in enumerate(runs):
+            times[i].append(run())
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def _forward_run(engine, B: int, N: int, prefix_len: int):
+    """Runs one verify-shaped forward now (untimed) and returns a function that runs it
+    again and returns its seconds."""
     target, dev = engine.target, engine.device
     if engine.graphs is not None:
         N = engine.graphs.padded_width(B, N)  # served padded to the graph's width: time that
@@ -647,16 +667,18 @@ def _time_forward(engine, B: int, N: int, prefix_len: int) -> float:
     prefix = torch.full((B,), prefix_len, dtype=torch.long, device=dev)
     ids = torch.zeros(B, N, dtype=torch.long, device=dev)
     pos = prefix[:, None] + torch.arange(N, device=dev)[None]
-    times = []
-    with torch.inference_mode():
-        for _ in range(4):
+
+    def run() -> float:
+        with torch.inference_mode():
             t0 = time.perf_counter()
             batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev), host_slots=range(B),
                                          max_prefix=prefix_len)
             hidden, _ = engine.target_step(ids, pos, batch, aux=False)
             target.logits(hidden).argmax(-1).tolist()
-            times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[1]
+            return time.perf_counter() - t0
+
+    run()
+    return run
 
 
 def smaller_tree_shape(depth: int, top_k: int, nodes: int) -> tuple[int, int]:
@@ -698,22 +720,26 @@ def _depth_share(nodes: int, full: int) -> float:
 
 def _fitted_shares(accepted: dict[int, float], full: int) -> dict[int, float]:
     """Each size's share of the full tree's accepted drafts per step (`accepted`: size ->
-    per step at batch 1, sizes from `full` down), as one curve fitted to what was
-    measured: share(n) = x ** g with x = log2(n) / log2(full), the log scale (g = 1)
-    bent towards 1 (g = 0), g by least squares on the logs. Between the log scale and
-    1 and growing with the size, as a share must. Calibration's generations are short
-    (32 tokens per size): taken size by size, one lucky generation priced a 4-node
-    EAGLE-3 tree at 0.88 of a 16-node one and the plan drafted 4 nodes where 3 accept
-    almost as much for far less (the 4th row costs a verify +30 % on the 2-core CPU);
-    one exponent is fitted from every size at once. Empty when the full tree accepted
-    nothing."""
+    per step at batch 1, sizes from `full` down), as one curve fitted to every measured
+    size: share(n) = (1 - q ** (n - 1)) / (1 - q ** (full - 1)), each further drafted
+    node adding q times what the one before added (exactly so for a chain whose drafts
+    are each accepted with probability q; about so for a tree grown best first), q by
+    least squares. Calibration's generations are short (32 tokens per size): taken size
+    by size, one lucky generation priced a 4-node EAGLE-3 tree at 0.88 of a 16-node one
+    against 0.61 for 3 nodes, and the plan drafted 4 nodes where 3 accept almost as much
+    (held-out chat prompts: 0.71 and 0.59) for far less (the 4th row costs a verify
+    +15-25 % on the 2-core CPU). A share of the log scale bent by one exponent fitted
+    4 and 3 nodes but priced 2 nodes at 0.46 where they keep 0.34. Empty when the full
+    tree accepted nothing."""
     if accepted.get(full, 0.0) <= 0.0:
         return {}
-    points = [(math.log(math.log2(n) / math.log2(full)), math.log(min(1.0, max(a / accepted[full], 1e-3))))
-              for n, a in accepted.items() if 2 <= n < full]
-    slope = sum(x * x for x, _ in points)
-    g = min(1.0, max(0.0, sum(x * y for x, y in points) / slope)) if slope > 0 else 1.0
-    return {n: (math.log2(n) / math.log2(full)) ** g for n in accepted if n >= 2}
+    measured = {n: min(1.0, a / accepted[full]) for n, a in accepted.items() if 2 <= n < full}
+
+    def share(q: float, n: int) -> float:
+        return 1.0 if n >= full else (1.0 - q ** (n - 1)) / (1.0 - q ** (full - 1))
+
+    q = min(SHARE_DECAYS, key=lambda q: sum((share(q, n) - m) ** 2 for n, m in measured.items()))
+    return {n: share(q, n) for n in accepted if n >= 2}
 
 
 def _run_together(engine, requests: list[GenerationRequest]):
