@@ -25,7 +25,8 @@
 #              with 8, each with prompt lookup (the default) and without (+nolookup), and
 #              transformers' prompt lookup
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
-#              with prompt lookup and without
+#              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
+#              fixed tree at batch 1 on these CPUs) beside them
 # concurrency-lookup  bench_concurrency.py: plain vs EAGLE-3 adaptive with prompt lookup and without,
 #              at 1-32 concurrent requests, one run
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
@@ -92,7 +93,7 @@ for stage in "${stages[@]}"; do
       latency_on_every_set latency_lookup --eagle-total-tokens 16 --compare $entries ;;
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
-        --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2 ;;
+        --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;
     concurrency-lookup)
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
         --configs plain,eagle3-nolookup,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 --output-tokens 32 \
