@@ -27,6 +27,11 @@
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
 #              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
 #              fixed tree at batch 1 on these CPUs) beside them
+# adaptive-heldout  bench.py latency on 14 chat requests that no drafter trained on and no
+#              benchmark table reads (docs/bench/heldout_chat_questions.jsonl: user turns the
+#              model wrote with tools/data/self_distill.py --first 50000, seeds no training round
+#              used), adaptive speculation on: plain decoding, EAGLE-3, and a pinned 3-node tree;
+#              what the adaptive policy's constants may be tuned on
 # concurrency-lookup  bench_concurrency.py: plain vs EAGLE-3 adaptive with prompt lookup and without,
 #              at 1-32 concurrent requests, one run
 # adaptive     the same requests: plain decoding, EAGLE-3 and EAGLE-2 with adaptive
@@ -94,6 +99,10 @@ for stage in "${stages[@]}"; do
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
         --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;
+    adaptive-heldout)
+      $PY tools/bench/bench.py latency --question-set docs/bench/heldout_chat_questions.jsonl --num-requests 14 \
+        --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --adaptive on --compare none,eagle3,eagle3@3 \
+        --report-json "$OUT/latency_adaptive_heldout.json" --markdown "$OUT/latency_adaptive_heldout.md" ;;
     concurrency-lookup)
       $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
         --configs plain,eagle3-nolookup,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 --output-tokens 32 \
