@@ -349,6 +349,36 @@ def test_drafts_that_never_match_turn_off_and_probe_ever_more_rarely():
     assert gaps == sorted(gaps) and gaps[-1] >= 16, probes  # exponential backoff
 
 
+def test_a_probe_weighs_in_against_the_served_estimate_not_the_rejections_before_its_pause():
+    """A probe judges the request as new: its drafts weigh in against what served
+    requests accept, not against the run of rejections that turned its tree off (with a
+    3-node tree on chat, 2 rejections in a row are common; kept, they turned each later
+    probe's first rejection into another pause, and requests that drafted as well as
+    any stayed off for good)."""
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=3.0)
+    batch = states(1)
+    for _ in range(64):  # drafts that match nothing, until its tree is turned off
+        n = chosen_nodes(policy, batch)[0]
+        if n == 1:
+            break
+        policy.observe(batch[0], drafted=n - 1, accepted=0)
+    else:
+        pytest.fail("never turned off")
+    for _ in range(64):
+        n = chosen_nodes(policy, batch)[0]
+        if n > 1:
+            break
+    else:
+        pytest.fail("no probe")
+    stats = batch[0].adaptive
+    assert stats.probing
+    served = policy._served_estimate(stats.prior, "eagle2", FULL, n)
+    assert policy._expected_accept(batch[0], n) == pytest.approx(served)
+    policy.observe(batch[0], drafted=n - 1, accepted=0)
+    kept = DECAY * PRIOR_WEIGHT / (DECAY * PRIOR_WEIGHT + 1.0)
+    assert policy._expected_accept(batch[0], n) == pytest.approx(served * kept)
+
+
 def test_probes_that_accept_too_little_to_pay_also_back_off():
     """A drafter whose trees accept one token a step where that does not pay for drafting
     (this family's EAGLE-2 on a CPU): each probe accepts something, yet the plan turns

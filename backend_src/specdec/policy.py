@@ -275,6 +275,9 @@ class SpeculationPolicy:
                 if stats.probing:  # last step was a probe: did the plan take the tree back?
                     stats.backoff = FIRST_BACKOFF if n > 1 else min(MAX_BACKOFF, 2 * stats.backoff)
                 stats.probing = n > 1 and stats.off_steps > 0
+                if stats.probing:  # judged as new: the probe weighs in against the served estimate,
+                    stats.at_size.clear()  # not against the run of rejections that turned it off
+                    stats.last_size = 0
                 stats.off_steps = stats.off_steps + 1 if n <= 1 else 0
             if n <= 1 and st.method != "none":
                 out.append(PLAIN)
