@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of this repository, for a session lent a GPU machine for
-# a short time (30 minutes in all, 10 per command; docs/benchmarks.md section 3).
+# a short time (15-30 minutes in all, 10 per command; docs/benchmarks.md section 3).
 #
 #   bash tools/bench/gpu_session.sh [--cpu-smoke] [--limit SECONDS] STAGE...
 #   bash tools/bench/gpu_session.sh --prepare      (here, before the first device call)
