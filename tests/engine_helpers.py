@@ -19,7 +19,7 @@ from specdec.config import EngineConfig
 from specdec.engine import Engine
 from specdec.kv_cache import AttentionBatch
 from specdec.models.layers import causal_mask
-from specdec.request import GenerationRequest, SamplingParams, SpecParams
+from specdec.request import GenerationRequest, SamplingParams, SpecParams, StepOutput
 from tiny_family import tiny_family
 
 FAMILY = Path(os.environ["SPECDEC_TEST_FAMILY"]) if os.environ.get("SPECDEC_TEST_FAMILY") else tiny_family()
@@ -68,20 +68,17 @@ def request(ids: list[int], max_tokens: int, method: str = "none", rid: str = "r
                              spec=spec, **rest)
 
 
-def run_batch(engine: Engine, requests: list[GenerationRequest],
-              finals: Optional[dict] = None) -> dict[str, list[int]]:
-    """Submits all requests at once (in-flight batching) and steps until done; each
-    request's last output (its stats) goes into `finals` when given."""
-    outs: dict[str, list[int]] = {r.request_id: [] for r in requests}
+def run_outputs(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list[StepOutput]]:
+    """Submits all requests at once (in-flight batching) and steps until done: every
+    output each request streamed, in order."""
+    outs: dict[str, list[StepOutput]] = {r.request_id: [] for r in requests}
     done: set[str] = set()
 
     def emitter(rid):
         def emit(o):
-            outs[rid].extend(o.token_ids)
+            outs[rid].append(o)
             if o.finished:
                 assert o.finish_reason != "error", o.error
-                if finals is not None:
-                    finals[rid] = o
                 done.add(rid)
         return emit
 
@@ -90,6 +87,16 @@ def run_batch(engine: Engine, requests: list[GenerationRequest],
     while len(done) < len(requests):
         engine.step()
     return outs
+
+
+def run_batch(engine: Engine, requests: list[GenerationRequest],
+              finals: Optional[dict] = None) -> dict[str, list[int]]:
+    """`run_outputs`' tokens per request; each request's last output (its stats) goes
+    into `finals` when given."""
+    streamed = run_outputs(engine, requests)
+    if finals is not None:
+        finals.update({rid: outs[-1] for rid, outs in streamed.items()})
+    return {rid: [t for o in outs for t in o.token_ids] for rid, outs in streamed.items()}
 
 
 def prefill_logits(model, ids: torch.Tensor) -> torch.Tensor:

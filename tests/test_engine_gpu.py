@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine_helpers import code_prompts, make_engine, request
+from engine_helpers import code_prompts, make_engine, request, run_outputs
 from specdec.engine import Engine
 from specdec.request import GenerationRequest
 
@@ -41,24 +41,10 @@ class Decoded:
 
 def decode(engine: Engine, requests: list[GenerationRequest]) -> dict[str, Decoded]:
     """Submits every request at once and steps until all have finished."""
-    outs = {r.request_id: Decoded() for r in requests}
-    done: set[str] = set()
-
-    def emitter(rid: str):
-        def emit(out):
-            outs[rid].tokens += out.token_ids
-            outs[rid].log_probs += out.log_probs
-            outs[rid].top += out.top_log_probs
-            if out.finished:
-                assert out.finish_reason != "error", out.error
-                done.add(rid)
-        return emit
-
-    for r in requests:
-        engine.submit(r, emitter(r.request_id))
-    while len(done) < len(requests):
-        engine.step()
-    return outs
+    return {rid: Decoded(tokens=[t for o in outs for t in o.token_ids],
+                         log_probs=[lp for o in outs for lp in o.log_probs],
+                         top=[alts for o in outs for alts in o.top_log_probs])
+            for rid, outs in run_outputs(engine, requests).items()}
 
 
 def greedy_requests(prompts: list[list[int]], bias: dict[int, float]) -> list[GenerationRequest]:
