@@ -67,8 +67,9 @@ WARM_UP_TOKENS = 8  # the untimed generation before each size's timed one
 CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
 # Timed runs of each verify shape, in rounds over every shape (after one untimed run
 # each): the plan's choice between 2, 3 and 4 nodes at batch 1 hinges on verify costs
-# 2-20 % apart, and three runs of one shape in a row, on a VM whose speed drifts, put
-# the 3-node forward at +12 % of a plain one at one load and +22 % at the next
+# a few percent apart, and three runs of one shape in a row, on a VM whose speed
+# drifts, put the 3-node forward at +8 % to +17 % of a plain one from load to load
+# (docs/benchmarks.md 1.11)
 TIMING_ROUNDS = 5
 SHARE_DECAYS = [i / 100 for i in range(1, 100)]  # the q that `_fitted_shares` chooses from
 PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was not measured
@@ -76,8 +77,8 @@ PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many obser
 # Each new observation keeps this much of the older ones' weight (~20-step memory). One
 # step's acceptance is noisy (a 3-node EAGLE-3 tree on chat accepts 0 or 1-2 drafts); at
 # 0.8 (~5 steps) a run of rejections turned a request's tree off where a fixed 3-node
-# tree paid (held-out chat prompts at batch 1: adaptive 1.31x of plain, fixed 3 nodes
-# 1.48x; with these estimates and the costs' smoother ratios, 1.41x)
+# tree paid (docs/benchmarks.md 1.11: on held-out chat requests adaptive ran at 1.31x of
+# plain decoding, a pinned 3-node tree at 1.41x)
 DECAY = 0.95
 STALE_AFTER = 32  # a request's mean at a tree size no longer counts this many observations after its last
 SERVED_DECAY = 0.98  # the same for a method's acceptance over all served requests (~50 steps)
@@ -734,12 +735,12 @@ def _fitted_shares(accepted: dict[int, float], full: int) -> dict[int, float]:
     node adding q times what the one before added (exactly so for a chain whose drafts
     are each accepted with probability q; about so for a tree grown best first), q by
     least squares. Calibration's generations are short (32 tokens per size): taken size
-    by size, one lucky generation priced a 4-node EAGLE-3 tree at 0.88 of a 16-node one
-    against 0.61 for 3 nodes, and the plan drafted 4 nodes where 3 accept almost as much
-    (held-out chat prompts: 0.71 and 0.59) for far less (the 4th row costs a verify
-    +15-25 % on the 2-core CPU). A share of the log scale bent by one exponent fitted
-    4 and 3 nodes but priced 2 nodes at 0.46 where they keep 0.34. Empty when the full
-    tree accepted nothing."""
+    by size, one lucky generation (a traced load) priced a 4-node EAGLE-3 tree at 0.88
+    of a 16-node one against 0.61 for 3 nodes, and the plan drafted 4 nodes, whose 4th
+    row costs a verify +25 % on the 2-core CPU, where 3 accept almost as much. The
+    benchmarks' trees kept 0.55-0.67 (3 nodes) and 0.85-0.89 (8 nodes) of a 16-node
+    tree's accepted drafts on the four question sets (docs/benchmarks.md 1.10). Empty
+    when the full tree accepted nothing."""
     if accepted.get(full, 0.0) <= 0.0:
         return {}
     measured = {n: min(1.0, a / accepted[full]) for n, a in accepted.items() if 2 <= n < full}
