@@ -30,6 +30,11 @@
 #                       EAGLE methods, Medusa and the draft model; then bench_concurrency.py
 #                       at concurrency 1, 4, 16 with graphs
 #   family-concurrency  tools/bench/bench_concurrency.py at concurrency 1, 4, 16, eager
+#   family-served       the served default on a GPU (eager, adaptive speculation, prompt lookup):
+#                       bench.py latency on family-latency's requests, adaptive on, EAGLE-3 with
+#                       prompt lookup and without, EAGLE-2, Medusa and the transformers references;
+#                       then bench_concurrency.py at 1, 4, 16: plain vs EAGLE-3 adaptive with
+#                       lookup and without, and with a fixed 16-node tree (~5 min on an H200)
 #
 # What comes back, in $OUT (default: a new temporary folder, printed at the end):
 #   gpu_session.log     everything printed: machine, versions, commit, each command and its output
@@ -40,6 +45,7 @@
 #   gpu_humaneval.{json,md,png}, gpu_humaneval_tau.png            (family-latency)
 #   gpu_humaneval_graphs.{json,md}, gpu_concurrency_graphs.{json,png}, _latency.png (family-graphs)
 #   gpu_concurrency.json, gpu_concurrency.png, gpu_concurrency_latency.png (family-concurrency)
+#   gpu_humaneval_served.{json,md}, gpu_concurrency_served.json   (family-served)
 # The benchmarks write into docs/bench/ (so the command each JSON and markdown file
 # records names docs/bench/gpu_*, as the committed CPU results do) and are copied to $OUT.
 # A device call returns at most 8 files: with more than 8 the script packs them into
@@ -164,7 +170,8 @@ while (($#)); do
         -h | --help) usage ;;
         all) STAGES+=("${STAGES_ALL[@]}") ;;
         family) STAGES+=(family-latency family-concurrency) ;;
-        stash | model | tests | kernels | step | profile | family-latency | family-concurrency | family-graphs) STAGES+=("$1") ;;
+        stash | model | tests | kernels | step | profile | family-latency | family-concurrency | family-graphs | \
+            family-served) STAGES+=("$1") ;;
         *) echo "gpu_session: unknown argument '$1'" >&2; usage ;;
     esac
     shift
@@ -424,6 +431,26 @@ stage_family_concurrency() {
     return "$rc"
 }
 
+stage_family_served() {  # what `tools/serve.sh` serves, on a GPU: eager, adaptive speculation, lookup
+    need_data
+    local size=(--num-requests 5 --output-tokens 128 --warmup 1)
+    local device=(--device cuda --dtype bfloat16) hf=(--hf-dtype bfloat16)
+    local conc=(--concurrency "1,4,16" --num-requests 16 --output-tokens 32 --repeats 1)
+    if ((SMOKE)); then
+        size=(--num-requests 2 --output-tokens 8 --warmup 1) device=(--device cpu --dtype float32) hf=()
+        conc=(--concurrency "1,2" --num-requests 2 --output-tokens 8 --max-prompt-tokens 64 --warmup 1 --repeats 1)
+    fi
+    local rc=0
+    run "$PYTHON" tools/bench/bench.py latency --question-set "$HUMANEVAL" "${size[@]}" --no-progress --adaptive on \
+        --compare none,eagle3+nolookup,eagle3,eagle2,medusa,hf,hf-prompt-lookup "${device[@]}" "${hf[@]}" \
+        --report-json "$DEST/gpu_humaneval_served.json" --markdown "$DEST/gpu_humaneval_served.md" || rc=$?
+    run "$PYTHON" tools/bench/bench_concurrency.py --question-set "$HUMANEVAL" "${conc[@]}" \
+        --configs plain,eagle3-nolookup,eagle3,eagle3-fixed --eagle-total-tokens 16 "${device[@]}" \
+        --report-json "$DEST/gpu_concurrency_served.json" || rc=$?
+    collect gpu_humaneval_served.json gpu_humaneval_served.md gpu_concurrency_served.json || rc=1
+    return "$rc"
+}
+
 stage_family_graphs() {  # what cuda_graph_mode buys end to end: family-latency's engines, graphed
     need_data
     local size=(--num-requests 5 --output-tokens 128 --warmup 1) device=(--device cuda --dtype bfloat16)
@@ -466,6 +493,7 @@ main() {
                 family-latency) stage_family_latency ;;
                 family-concurrency) stage_family_concurrency ;;
                 family-graphs) stage_family_graphs ;;
+                family-served) stage_family_served ;;
             esac
         )
         rc=$?
