@@ -515,9 +515,11 @@ class SpeculationPolicy:
                 self._choose_total_tokens(engine)
             if costs:
                 self._time_verify(engine)
+                self.cost.learning_speed = False  # these timings define speed 1 (step_cost.py)
                 self._time_drafters(engine)
         finally:
             self._calibrating = False
+            self.cost.learning_speed = True
         self.calibration_note = f"calibrated in {time.perf_counter() - t0:.0f} s on {self._calibrated_on}"
         if cache is None:
             self.calibration_note += " (no calibration cache)"

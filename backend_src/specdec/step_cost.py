@@ -12,13 +12,26 @@ every request's tree padded to the largest (`B x N` tokens). Both are measured:
   is timed per method and tree size (a smaller tree drafts shallower and narrower)
   from real generations (see `policy.calibrate`);
 - while serving, every step's measured verify and draft times correct the load-time
-  numbers: each grid cell (and each method's batch bucket) keeps a running ratio
-  measured / predicted, so the sampling and bookkeeping around the forward (tree
-  verification, KV compaction, emitting) and a drafter's real batched cost (catching
-  up after steps without drafting: kept apart, as their ratio to the steady
-  prediction, which prices probes) end up in the model. A cell seen fewer than
-  `CELL_TRUST` times borrows the running ratio of its whole class (plain steps, tree
-  steps, one drafter's calls at one tree size), which every observation updates.
+  numbers, in two layers:
+  - the machine's speed (`speed`): one running ratio of measured to predicted time over
+    every verify forward and every steady drafting call. A machine runs every shape
+    faster or slower alike when what else it runs changes: a GPU machine calibrated
+    at ~1.4x the step times it then served (docs/benchmarks.md 3.7), and a load that
+    calibrates beside another model instance's does too. Each layer below learns on
+    top of it, so a slower calibration moves the tree sizes the plan has not served
+    lately as much as the plain steps it serves: corrected by its own class alone, a
+    tree stayed priced at load time's speed while plain steps came in at serving's,
+    and trees that paid were turned down for good;
+  - each grid cell (and each method's batch bucket) keeps a running ratio of measured
+    time to the prediction at the current speed, so the sampling and bookkeeping
+    around the forward (tree verification, KV compaction, emitting) and a drafter's
+    real batched cost end up in the model. A cell seen fewer than `CELL_TRUST` times
+    borrows the ratio of its whole class (plain steps, tree steps, one drafter's calls
+    at one tree size), which every observation updates. Calls that caught a drafter up
+    (after steps without drafting) are kept apart, as their ratio to the steady
+    prediction, which prices probes.
+  While the policy calibrates (`learning_speed` off), observations correct the cells
+  and classes only: the load-time timings define speed 1.
 
 Between grid points costs are interpolated linearly in B and in N; past the grid the
 last segment's slope is extended. All times are seconds of wall clock.
@@ -34,6 +47,11 @@ from typing import Iterable, Mapping, Optional
 # memory). One step's time varies by ~10 % on a shared VM; at 0.2 a cell moved with the
 # last ~5 steps, enough to flip the plan between tree sizes whose rates differ by 5 %
 EMA = 0.05
+# Weight of one observation in the machine's speed (~5-observation memory). The speed
+# scales every prediction alike, so its noise never changes which tree the plan picks;
+# learning 4x faster than the cells puts ~4/5 of a change that every shape shares into
+# the speed, where the shapes not served lately see it too
+SPEED_EMA = 0.2
 CELL_TRUST = 3  # observations before a cell's own ratio replaces its class's
 RATIO_CLAMP = (0.25, 8.0)  # one odd observation (a page fault, a GC pause) moves little
 MAX_GRID_TOKENS = 1024  # the verify grid stops at B x N tokens beyond this (then extrapolated)
@@ -56,6 +74,11 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _clamped(ratio: float) -> float:
+    lo, hi = RATIO_CLAMP
+    return min(hi, max(lo, ratio))
 
 
 def _kind(nodes: int) -> str:
@@ -85,9 +108,11 @@ class StepCost:
         self._curves: Optional[dict[int, tuple[list[int], list[float]]]] = None
         # (method, tree nodes) -> {requests drafted: seconds per call}
         self.draft: dict[tuple[str, int], dict[int, float]] = {}
-        # measured / predicted, with the number of observations behind it, per grid cell
-        # ((B, N) or ((method, nodes), B)) and per class ("plain" / "tree" / (method, nodes)).
+        # measured / predicted at `speed`, with the number of observations behind it, per grid
+        # cell ((B, N) or ((method, nodes), B)) and per class ("plain" / "tree" / (method, nodes)).
         self._ratio: dict[object, tuple[float, int]] = {}
+        self.speed = 1.0  # the machine's speed now against the load-time timings' (module doc)
+        self.learning_speed = True  # off while calibrating: its timings define speed 1
 
     @staticmethod
     def grid(max_batch: int, max_tree: int, more_trees: Iterable[int] = ()) -> tuple[list[int], list[int]]:
@@ -154,7 +179,7 @@ class StepCost:
         cell, kind = self._draft_cell(method, nodes, requests)
         seconds = self._draft_base(key, requests) * self._correction(cell, kind)
         if catching_up:
-            seconds *= self._correction(cell + (CATCH_UP,), kind + (CATCH_UP,))
+            seconds *= self._relative(cell + (CATCH_UP,), kind + (CATCH_UP,))
         return seconds
 
     def _draft_key(self, method: str, nodes: int) -> Optional[tuple[str, int]]:
@@ -186,7 +211,7 @@ class StepCost:
     # -- observations --------------------------------------------------------------------
     def observe_verify(self, batch: int, nodes: int, key_len: int, seconds: float) -> None:
         if self.ready:
-            self._observe((self._cell(batch, nodes), _kind(nodes)), seconds, self._verify_base(batch, nodes, key_len))
+            self._observe(self._cell(batch, nodes), _kind(nodes), seconds, self._verify_base(batch, nodes, key_len))
 
     def observe_draft(self, method: str, requests: int, nodes: int, seconds: float, catching_up: bool = False) -> None:
         """A drafting call's time; a call that caught up (`draft_seconds`) teaches only the
@@ -197,21 +222,34 @@ class StepCost:
         cell, kind = self._draft_cell(method, nodes, requests)
         base = self._draft_base(key, requests)
         if catching_up:  # against the steady prediction, its own correction included
-            self._observe((cell + (CATCH_UP,), kind + (CATCH_UP,)), seconds, base * self._correction(cell, kind))
+            if base > 0:
+                steady = base * self._correction(cell, kind)
+                self._learn(cell + (CATCH_UP,), kind + (CATCH_UP,), _clamped(seconds / steady))
         else:
-            self._observe((cell, kind), seconds, base)
+            self._observe(cell, kind, seconds, base)
 
-    def _correction(self, cell, kind) -> float:
+    def _relative(self, cell, kind) -> float:
+        """The cell's running ratio to the prediction at the machine's speed (its class's
+        until the cell has been seen CELL_TRUST times)."""
         ratio, seen = self._ratio.get(cell, (1.0, 0))
         return ratio if seen >= CELL_TRUST else self._ratio.get(kind, (1.0, 0))[0]
 
-    def _observe(self, keys: tuple, seconds: float, predicted: float) -> None:
-        """keys: (cell, class). A cell's first observation starts from its class's ratio."""
-        if predicted <= 0:
+    def _correction(self, cell, kind) -> float:
+        return self.speed * self._relative(cell, kind)
+
+    def _observe(self, cell, kind, seconds: float, predicted: float) -> None:
+        """A steady call's time against its load-time prediction: first the machine's
+        speed learns what the call says of it (at the cell's own relative cost), then
+        the cell and its class learn what is left."""
+        if predicted <= 0 or seconds <= 0:
             return
-        lo, hi = RATIO_CLAMP
-        measured = min(hi, max(lo, seconds / predicted))
-        cell, kind = keys
+        if self.learning_speed:
+            implied = _clamped(seconds / (predicted * self._relative(cell, kind)))
+            self.speed = (1 - SPEED_EMA) * self.speed + SPEED_EMA * implied
+        self._learn(cell, kind, _clamped(seconds / (predicted * self.speed)))
+
+    def _learn(self, cell, kind, measured: float) -> None:
+        """A cell's first observation starts from its class's ratio."""
         start = self._ratio.get(kind, (1.0, 0))[0]
         for key in (cell, kind):
             ratio, seen = self._ratio.get(key, (start, 0))
