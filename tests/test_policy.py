@@ -14,9 +14,10 @@ import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
-from specdec.policy import (DECAY, FIRST_BACKOFF, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN, SpeculationPolicy,
-                            _depth_share, _fitted_shares, _ladder)
+from specdec.policy import (DECAY, FIRST_BACKOFF, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN, AdaptiveState,
+                            SpeculationPolicy, _depth_share, _fitted_shares, _ladder)
 from specdec.drafters.base import TreeSettings
+from specdec.drafters.lookup import NgramIndex
 from specdec.step_cost import StepCost
 
 FULL = 16
@@ -330,6 +331,47 @@ def test_the_plan_picks_a_three_node_tree_only_where_verify_runs_eagerly():
         policy.accept_share["eagle2"] = shares
         picked[odd_tree] = chosen_nodes(policy, states(1))
     assert picked == {False: [2], True: [3]}  # 1.5 tokens for 1.13 steps; 1.7 for 1.13
+
+
+def copying_state(tokens: list[int]) -> SimpleNamespace:
+    """An adaptive EAGLE-2 request with prompt lookup on (10 tokens), its text `tokens`."""
+    return SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=FULL, lookup_tokens=10), adaptive=None,
+                           cached_len=0, tokens=tokens, ngrams=NgramIndex())
+
+
+def test_a_copy_is_expected_to_go_as_far_as_the_requests_copies_went():
+    stats = AdaptiveState(prior=1.0)
+    assert stats.copy_expected(10) == 0.0  # before any copied token was taken
+    for _ in range(30):
+        stats.observe_copy(10, 10)  # every copy taken whole
+    assert 9.0 < stats.copy_expected(10) < 10.0 and stats.copy_expected(2) == pytest.approx(2.0, rel=0.01)
+    cut = AdaptiveState(prior=1.0)
+    for _ in range(30):
+        cut.observe_copy(10, 1)  # one token, then a rejected one
+    assert cut.copy_expected(10) < 1.0 and cut.copy_expected(10) - cut.copy_expected(2) < 0.3  # more room adds little
+    assert [stats.copy_expected(k) for k in range(11)] == sorted(stats.copy_expected(k) for k in range(11))
+
+
+def test_a_copy_on_offer_that_the_request_takes_gets_the_room_of_a_larger_tree():
+    """On a CPU where a 3-node tree costs what a plain step does and 4 nodes twice that,
+    the plan picks 3 nodes for the drafter's own acceptance. Where the text repeats and
+    the request's earlier copies were taken, prompt lookup's copy of 10 tokens pays for
+    a 16-node tree (a 3-node one has room for 2 copied tokens); with no copy on offer,
+    or where copies were cut at their first token, 3 nodes stay best."""
+    cost = few_rows_cost(1.1, lambda n: 0.001, more_trees=(3,))
+    shares = {16: 1.0, 8: 0.9, 4: 0.8, 3: 0.7, 2: 0.5}
+    repeating, fresh = list(range(1, 11)) * 3, list(range(100, 130))
+    picked = {}
+    for text, copies in (("repeating", 10), ("fresh", 10), ("repeating", 0), ("repeating", None)):
+        policy = policy_with(cost, accept=1.0)
+        policy.odd_tree = True
+        policy.accept_share["eagle2"] = shares
+        state = copying_state(repeating if text == "repeating" else fresh)
+        if copies is not None:
+            for _ in range(10):
+                policy._stats(state).observe_copy(10, copies)
+        picked[(text, copies)] = chosen_nodes(policy, [state])[0]
+    assert picked == {("repeating", 10): FULL, ("fresh", 10): 3, ("repeating", 0): 3, ("repeating", None): 3}
 
 
 def test_drafting_cost_follows_the_tree_size():
@@ -676,6 +718,16 @@ def test_adaptive_engine_is_lossless_and_measures_costs(prompts):
     spec = run_batch(engine, [request(p, 40, "eagle2", rid=f"s{i}") for i, p in enumerate(prompts[:4])])
     assert [spec[f"s{i}"] for i in range(4)] == plain
     assert cost.speed != 1.0  # serving's steps did
+    # Prompt lookup's copies, and how far each was taken, as the engine reports them (pinned
+    # trees: this random target's drafts rarely match, and adaptive trees are mostly off)
+    copies = []
+    observe_copy = engine.policy.observe_copy
+    engine.policy.observe_copy = lambda state, offered, accepted: (copies.append((offered, accepted)),
+                                                                   observe_copy(state, offered, accepted))
+    again = run_batch(engine, [request(p, 40, "eagle2", rid=f"c{i}", total_tokens=16)
+                               for i, p in enumerate(prompts[:4])])
+    assert [again[f"c{i}"] for i in range(4)] == plain
+    assert any(accepted[:2] == offered[:2] for offered, accepted in copies), copies  # its answers loop
 
 
 def test_each_calibrated_tree_size_is_timed_after_a_warm_up_of_its_own(monkeypatch):

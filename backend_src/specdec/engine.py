@@ -86,6 +86,7 @@ class RequestState:
     scheduled_ns: int = 0  # time.monotonic_ns() at admission (TensorRT-LLM's first_scheduled_time)
     prompt_scores: Optional[dict] = None  # StepOutput's prompt_* fields, until the first output carries them
     ngrams: Optional[NgramIndex] = None  # for prompt lookup, made at its first tree that takes a branch
+    copy_offered: list = field(default_factory=list)  # prompt lookup's copy grafted onto this step's tree
 
 
 @dataclass
@@ -479,6 +480,7 @@ class Engine:
         if state.ngrams is None:
             state.ngrams = NgramIndex()
         chain = state.ngrams.continuation(state.tokens, min(tokens, tree.num_nodes - 1))
+        state.copy_offered = chain
         if not chain:
             return tree
         return graft(tree, to_device(chain, tree.tokens.device, torch.long))
@@ -610,6 +612,9 @@ class Engine:
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs, top)
             self.policy.observe(s, drafted, a)
+            if s.copy_offered:
+                self.policy.observe_copy(s, s.copy_offered, new_tokens[:-1])
+                s.copy_offered = []
 
     def target_step(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool
                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -138,6 +138,12 @@ class AdaptiveState:
     probing: bool = False  # this step's speculation is a probe after being off
     drafted: bool = False  # the drafter ran for it once (caught up on the prompt)
     shrunk: dict = dataclasses.field(default_factory=dict)  # nodes -> the request's settings cut to them
+    # Prompt lookup's copies (drafters/lookup.py) grafted onto its trees: the copied tokens
+    # the target accepted and the copies cut short by a rejected token, each weighing DECAY
+    # of its weight per copy; and the length of the copy on offer this step (`plan` sets it)
+    copied_accepted: float = 0.0
+    copies_cut: float = 0.0
+    copy_on_offer: int = 0
 
     @property
     def probe_due(self) -> bool:
@@ -161,6 +167,21 @@ class AdaptiveState:
         self.observed += 1
         entry[2] = self.observed
         self.last_size = nodes
+
+    def observe_copy(self, offered: int, accepted: int) -> None:
+        """A grafted copy of `offered` tokens whose first `accepted` the target took."""
+        self.copied_accepted = DECAY * self.copied_accepted + accepted
+        self.copies_cut = DECAY * self.copies_cut + (1.0 if accepted < offered else 0.0)
+
+    def copy_expected(self, offered: int) -> float:
+        """Expected accepted tokens of a copy of `offered` tokens, each copied token taken
+        with probability q until the first that is not: q is the accepted copied tokens
+        over those and the cuts, with one cut counted in advance (one lucky copy is not
+        q = 1). 0 before any copied token was accepted."""
+        if offered <= 0 or self.copied_accepted <= 0:
+            return 0.0
+        q = self.copied_accepted / (self.copied_accepted + self.copies_cut + 1.0)
+        return q * (1 - q ** offered) / (1 - q)
 
     def forget(self) -> None:
         """Drops the means of the steps before a pause: a probe judges the request as
@@ -261,6 +282,7 @@ class SpeculationPolicy:
             stats = self._stats(states[i])
             if 0 < stats.off_steps < stats.backoff:
                 budgets[i] = 1  # stays off until its next probe
+            stats.copy_on_offer = _copy_length(states[i]) if stats.copied_accepted > 0 else 0
         # The verify forward pads every tree to the largest, so what matters is the
         # batch's tree size N: every adaptive request gets min(its full tree, N), for N
         # from the largest full tree halving down to 2, or no tree (N = 1); the N with
@@ -297,10 +319,11 @@ class SpeculationPolicy:
         return out
 
     @staticmethod
-    def _estimate_key(stats: AdaptiveState) -> int:
+    def _estimate_key(stats: AdaptiveState) -> tuple[int, int]:
         """Changes whenever the request's estimates do: with each observation, and when a
-        due probe switches them to the prior (the same estimates before any observation)."""
-        return 0 if stats.probe_due else stats.observed
+        due probe switches them to the prior (the same estimates before any observation),
+        and with the length of the copy prompt lookup has on offer."""
+        return (0 if stats.probe_due else stats.observed), stats.copy_on_offer
 
     def _probe_smallest(self, states: list, budgets: list[int], turned_down: list[int]) -> None:
         """Requests in `turned_down` whose probe is due (their wait is over) get a 2-node
@@ -388,6 +411,20 @@ class SpeculationPolicy:
             return stats.at_size[last][0] * self._share(method, nodes, full) / self._share(method, last, full)
         return self._served_estimate(stats.prior, method, full, nodes)
 
+    def _planned_accept(self, state, nodes: int) -> float:
+        """What the plan expects a tree of `nodes` nodes to accept this step: the drafter's
+        estimate (`_expected_accept`), or, when prompt lookup has a copy on offer and the
+        request's copies have been taken, what a copy of as many tokens as the tree has
+        room for is expected to accept, whichever is more. A tree's own estimate comes
+        from the sizes it drafted, mostly small ones where copies are cut short: on text
+        that repeats itself a 16-node tree accepted more than the plan expected
+        (docs/benchmarks.md 1.11, GSM8K)."""
+        drafted = self._expected_accept(state, nodes)
+        stats = self._stats(state)
+        if not stats.copy_on_offer:
+            return drafted
+        return max(drafted, stats.copy_expected(min(stats.copy_on_offer, nodes - 1)))
+
     def _served_estimate(self, prior: float, method: str, full: int, nodes: int) -> float:
         """Accepted drafts per step at `nodes` nodes for a new request of the method and
         full tree: the prior's guess (prior x the size's share) with PRIOR_WEIGHT,
@@ -442,7 +479,7 @@ class SpeculationPolicy:
                 n = min(f, size)
                 N = max(N, n)
                 if n > 1:
-                    tokens += sum(self._expected_accept(s, n) for s in members)
+                    tokens += sum(self._planned_accept(s, n) for s in members)
                     drafting[(method, self.draft_nodes(st, n), catching_up)] += len(members)
             cost = self.cost.verify_seconds(len(states), N, key_len)
             cost += sum(self.cost.draft_seconds(m, k, nodes, c) for (m, nodes, c), k in drafting.items())
@@ -469,6 +506,16 @@ class SpeculationPolicy:
             entry[1] *= SERVED_FORGET ** (self._step - entry[2])
             entry[2] = self._step
             _weigh_in(entry, accepted, SERVED_DECAY)
+
+    def observe_copy(self, state, offered: list[int], accepted: list[int]) -> None:
+        """A step that grafted prompt lookup's copy `offered` onto the request's tree and
+        accepted the drafted tokens `accepted`: how far the copy was right."""
+        if not offered or state.adaptive is None:
+            return
+        n = 0
+        while n < min(len(offered), len(accepted)) and offered[n] == accepted[n]:
+            n += 1
+        state.adaptive.observe_copy(len(offered), n)
 
     def record_draft_time(self, settings: TreeSettings, seconds: float, states: list) -> None:
         """Every drafting call's wall time, with the call's (shared) settings: the engine
@@ -691,6 +738,15 @@ def _forward_run(engine, B: int, N: int, prefix_len: int):
 
     run()
     return run
+
+
+def _copy_length(state) -> int:
+    """Tokens prompt lookup would copy for the request now (0: none, or lookup is off for
+    it, or its drafter has not caught up yet): as many as a large tree has room for."""
+    tokens, ngrams = state.settings.lookup_tokens, getattr(state, "ngrams", None)
+    if not tokens or ngrams is None:
+        return 0
+    return len(ngrams.continuation(state.tokens, tokens))
 
 
 def smaller_tree_shape(depth: int, top_k: int, nodes: int) -> tuple[int, int]:
