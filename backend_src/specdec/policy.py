@@ -138,11 +138,13 @@ class AdaptiveState:
     probing: bool = False  # this step's speculation is a probe after being off
     drafted: bool = False  # the drafter ran for it once (caught up on the prompt)
     shrunk: dict = dataclasses.field(default_factory=dict)  # nodes -> the request's settings cut to them
-    # Prompt lookup's copies (drafters/lookup.py) grafted onto its trees: the copied tokens
-    # the target accepted and the copies cut short by a rejected token, each weighing DECAY
-    # of its weight per copy; and the length of the copy on offer this step (`plan` sets it)
-    copied_accepted: float = 0.0
-    copies_cut: float = 0.0
+    # Prompt lookup's copies (drafters/lookup.py) grafted onto its trees, as [taken, not]
+    # token counts, each weighing DECAY of its weight per copy: their first tokens, and
+    # the tokens after a taken one (a copy of text that loops goes on being right; on
+    # chat a copy's first token is often right and the next ones seldom); and the length
+    # of the copy on offer this step (`plan` sets it)
+    copy_first: list = dataclasses.field(default_factory=lambda: [0.0, 0.0])
+    copy_next: list = dataclasses.field(default_factory=lambda: [0.0, 0.0])
     copy_on_offer: int = 0
 
     @property
@@ -170,18 +172,27 @@ class AdaptiveState:
 
     def observe_copy(self, offered: int, accepted: int) -> None:
         """A grafted copy of `offered` tokens whose first `accepted` the target took."""
-        self.copied_accepted = DECAY * self.copied_accepted + accepted
-        self.copies_cut = DECAY * self.copies_cut + (1.0 if accepted < offered else 0.0)
+        first = [1.0, 0.0] if accepted else [0.0, 1.0]
+        later = [accepted - 1.0, 1.0 if accepted < offered else 0.0] if accepted else [0.0, 0.0]
+        for counts, seen in ((self.copy_first, first), (self.copy_next, later)):
+            counts[0] = DECAY * counts[0] + seen[0]
+            counts[1] = DECAY * counts[1] + seen[1]
+
+    @property
+    def copies_taken(self) -> bool:
+        return self.copy_first[0] > 0
 
     def copy_expected(self, offered: int) -> float:
-        """Expected accepted tokens of a copy of `offered` tokens, each copied token taken
-        with probability q until the first that is not: q is the accepted copied tokens
-        over those and the cuts, with one cut counted in advance (one lucky copy is not
-        q = 1). 0 before any copied token was accepted."""
-        if offered <= 0 or self.copied_accepted <= 0:
+        """Expected accepted tokens of a copy of `offered` tokens: its first taken with
+        probability p, each next one after a taken one with probability q, until the
+        first that is not; p and q are the taken counts over the counts, each with one
+        not taken counted in advance (one lucky copy is not p = 1). 0 before any copied
+        token was taken."""
+        if offered <= 0 or not self.copies_taken:
             return 0.0
-        q = self.copied_accepted / (self.copied_accepted + self.copies_cut + 1.0)
-        return q * (1 - q ** offered) / (1 - q)
+        p = self.copy_first[0] / (sum(self.copy_first) + 1.0)
+        q = self.copy_next[0] / (sum(self.copy_next) + 1.0)
+        return p * (1 - q ** offered) / (1 - q)
 
     def forget(self) -> None:
         """Drops the means of the steps before a pause: a probe judges the request as
@@ -282,7 +293,7 @@ class SpeculationPolicy:
             stats = self._stats(states[i])
             if 0 < stats.off_steps < stats.backoff:
                 budgets[i] = 1  # stays off until its next probe
-            stats.copy_on_offer = _copy_length(states[i]) if stats.copied_accepted > 0 else 0
+            stats.copy_on_offer = _copy_length(states[i]) if stats.copies_taken else 0
         # The verify forward pads every tree to the largest, so what matters is the
         # batch's tree size N: every adaptive request gets min(its full tree, N), for N
         # from the largest full tree halving down to 2, or no tree (N = 1); the N with
