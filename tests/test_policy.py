@@ -15,7 +15,7 @@ import pytest
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
 from specdec.policy import (DECAY, FIRST_BACKOFF, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN, AdaptiveState,
-                            SpeculationPolicy, _depth_share, _fitted_shares, _ladder)
+                            SpeculationPolicy, _depth_share, _fitted_shares, _ladder, describe)
 from specdec.drafters.base import TreeSettings
 from specdec.drafters.lookup import NgramIndex
 from specdec.step_cost import StepCost
@@ -85,6 +85,14 @@ def test_step_cost_interpolates_and_follows_measurements():
     cost.observe_verify(1, 1, 0, 1e9)  # one absurd observation moves a prediction by a bounded step
     assert cost.verify_seconds(1, 1) < 3 * plain
     assert cost.verify_seconds(1, 1) / cost.verify_seconds(1, 8) < 1.5 * against_trees  # what the plan compares
+
+
+def test_the_load_log_says_what_each_drafter_accepted_at_load():
+    policy = policy_with(synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3), accept=1.5)
+    policy.prior_accept["medusa"] = 0.25
+    line = describe(policy)
+    assert line.startswith("verify ms by batch and tree size")
+    assert line.endswith("accepted drafts per full-tree step at load [eagle2: 1.50; medusa: 0.25]")
 
 
 def test_a_machine_faster_than_at_load_is_faster_at_every_shape():

@@ -840,11 +840,17 @@ def _run_together(engine, requests: list[GenerationRequest]):
 
 
 def describe(policy: SpeculationPolicy) -> Optional[str]:
-    """One line for the load log: the chosen tree size and the measured costs."""
+    """One line for the load log: the chosen tree size, the measured costs and each
+    drafter's acceptance at load (with the costs, what decides whether its trees pay
+    from a request's first step: on the H200 a drafter that never drafted could not be
+    told apart from one whose trees were priced out, docs/benchmarks.md 3.7)."""
     parts = [policy.calibration_note] if policy.calibration_note else []
     if policy.calibration:
         cal = ", ".join(f"{n}:{t * 1e3:.1f}ms/tok" for n, t in policy.calibration.items())
         parts.append(f"eagle total_tokens {policy.total_tokens} [{cal}]")
     if policy.cost.ready:
         parts.append(policy.cost.describe())
+    if policy.prior_accept:
+        accepted = "; ".join(f"{m}: {a:.2f}" for m, a in sorted(policy.prior_accept.items()))
+        parts.append(f"accepted drafts per full-tree step at load [{accepted}]")
     return "; ".join(parts) or None
