@@ -293,7 +293,6 @@ class SpeculationPolicy:
             stats = self._stats(states[i])
             if 0 < stats.off_steps < stats.backoff:
                 budgets[i] = 1  # stays off until its next probe
-            stats.copy_on_offer = _copy_length(states[i]) if stats.copies_taken else 0
         # The verify forward pads every tree to the largest, so what matters is the
         # batch's tree size N: every adaptive request gets min(its full tree, N), for N
         # from the largest full tree halving down to 2, or no tree (N = 1); the N with
@@ -303,6 +302,8 @@ class SpeculationPolicy:
             full = {i: budgets[i] for i in active}
             for i in active:
                 budgets[i] = 1
+                stats = self._stats(states[i])  # (only the planned requests' copies are priced)
+                stats.copy_on_offer = _copy_length(states[i]) if stats.copies_taken else 0
             best = self._best_size(states, budgets, full)
             for i in active:
                 budgets[i] = min(full[i], best)
