@@ -14,8 +14,8 @@ import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
-from specdec.policy import (DECAY, FIRST_BACKOFF, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN, AdaptiveState,
-                            SpeculationPolicy, _depth_share, _fitted_shares, _ladder, describe)
+from specdec.policy import (DECAY, FIRST_BACKOFF, PLAIN, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN,
+                            AdaptiveState, SpeculationPolicy, _depth_share, copy_alone, _fitted_shares, _ladder, describe)
 from specdec.drafters.base import TreeSettings
 from specdec.drafters.lookup import NgramIndex
 from specdec.step_cost import StepCost
@@ -383,6 +383,52 @@ def test_a_copy_on_offer_that_the_request_takes_gets_the_room_of_a_larger_tree()
                       ("repeating", None): 3}
 
 
+def copy_settings(policy: SpeculationPolicy, batch: list) -> list:
+    """Per request: "plain", ("copy", tokens) for a copy verified alone, or its tree's nodes."""
+    return ["plain" if st == PLAIN else ("copy", st.lookup_tokens) if st.method == "none" else st.total_tokens
+            for st in policy.plan(batch)]
+
+
+def test_a_request_whose_tree_does_not_pay_verifies_its_copy_alone():
+    """Where drafting costs more than any tree saves, a request whose copies were taken
+    verifies prompt lookup's copy alone, as long as the copy it takes: the whole copy
+    where copies were taken whole (11 rows cost twice a plain step and are expected to
+    accept ~8), 1 token where copies were cut after their first (2 rows cost what 1
+    does). No copy on offer, or no copy ever taken: a plain step."""
+    cost = few_rows_cost(1.1, lambda n: 0.5)
+    repeating, fresh = list(range(1, 11)) * 3, list(range(100, 130))
+    picked = {}
+    for text, copies in (("repeating", 10), ("repeating", 1), ("fresh", 10), ("repeating", 0), ("repeating", None)):
+        policy = policy_with(cost, accept=1.0)
+        state = copying_state(repeating if text == "repeating" else fresh)
+        if copies is not None:
+            for _ in range(10):
+                policy._stats(state).observe_copy(10, copies)
+        picked[(text, copies)] = copy_settings(policy, [state])[0]
+    assert picked == {("repeating", 10): ("copy", 10), ("repeating", 1): ("copy", 1), ("fresh", 10): "plain",
+                      ("repeating", 0): "plain", ("repeating", None): "plain"}
+
+
+def test_a_copy_widens_a_loaded_verify_only_where_it_pays_and_rides_free_within_it():
+    """Under load (verify cost in proportion to the batch's rows x nodes), one request's
+    copy does not pay for widening 16 rows; within a tree another request verifies
+    anyway it costs nothing, so it is taken even where copies are seldom taken."""
+    cost = synthetic_cost(per_token=2e-3, fixed=1e-2, draft_per_request=1.0)
+    repeating = list(range(1, 11)) * 3
+    policy = policy_with(cost, accept=1.0)
+    loaded = [copying_state(repeating)] + states(15)
+    for _ in range(10):
+        policy._stats(loaded[0]).observe_copy(10, 10)
+    assert copy_settings(policy, loaded) == ["plain"] * 16
+    policy = policy_with(cost, accept=1.0)
+    pinned = SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=FULL, pinned=True), adaptive=None,
+                             cached_len=0)
+    beside = [copying_state(repeating), pinned]
+    for taken in [1] + [0] * 9:  # one copy's first token of ten
+        policy._stats(beside[0]).observe_copy(10, taken)
+    assert copy_settings(policy, beside) == [("copy", 1), FULL]
+
+
 def test_drafting_cost_follows_the_tree_size():
     """Where verifying is cheap but drafting a full tree is not, small trees pay only if
     drafting them is cheaper; a size never timed borrows the next larger one's time."""
@@ -694,25 +740,33 @@ def prompts():
 
 
 def test_changing_trees_every_step_stays_lossless(prompts):
-    """Random node budgets (none included) per request per step, for every method:
-    drafters catch up after plain steps and greedy output never changes."""
+    """Random node budgets (none included) per request per step, for every method, and
+    for the methods that take prompt lookup's copy, steps that verify the copy alone:
+    drafters catch up after steps they did not draft and greedy output never changes."""
     engine = make_engine(dtype="float64", max_batch_size=6)
     methods = ["eagle2", "eagle3", "eagle", "medusa", "draft_model", "none"]
     plain = run_batch(engine, [request(p, 40, rid=f"p{i}") for i, p in enumerate(prompts)])
     rng = random.Random(1)
     real_plan = engine.policy.plan
+    alone = []  # the trees of steps that verified a copy alone
+    copy_alone_tree = engine._copy_alone
+    engine._copy_alone = lambda state, tokens: alone.append(copy_alone_tree(state, tokens)) or alone[-1]
 
     def chaotic_plan(batch):
         out = []
         for s, st in zip(batch, real_plan(batch)):
             full = engine.policy.full_nodes(s.settings)
             n = rng.choice([1, 2, 3, full // 2, full]) if full > 1 else 1
-            out.append(TreeSettings(method="none") if n <= 1 else engine.policy._shrunk(st, max(2, n)))
+            if s.settings.lookup_tokens and rng.random() < 0.5:
+                out.append(copy_alone(rng.choice([1, 3, 10])))
+            else:
+                out.append(TreeSettings(method="none") if n <= 1 else engine.policy._shrunk(st, max(2, n)))
         return out
 
     engine.policy.plan = chaotic_plan
     spec = run_batch(engine, [request(p, 40, methods[i], rid=f"p{i}") for i, p in enumerate(prompts)])
     assert spec == plain
+    assert sum(tree.num_nodes > 1 for tree in alone) >= 5  # (its answers loop: copies were on offer)
 
 
 def test_adaptive_engine_is_lossless_and_measures_costs(prompts):

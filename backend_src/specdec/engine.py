@@ -441,7 +441,10 @@ class Engine:
         groups: dict[tuple, list[int]] = collections.defaultdict(list)
         for i, (s, st) in enumerate(zip(states, settings)):
             room = self.max_context - s.cached_len  # KV positions left for this step's tree
-            if st.method == "none" or needs_plain_steps(s.req) or room < 2:
+            plain = needs_plain_steps(s.req) or room < 2
+            if st.method == "none" and st.lookup_tokens and not plain:  # its tree is off; a copy is not
+                trees[i] = self._copy_alone(s, min(st.lookup_tokens, room - 1))
+            elif st.method == "none" or plain:
                 trees[i] = DraftTree.root_only(s.tokens[-1])
             else:
                 groups[self.policy.group_key(st) + (s.req.sampling.greedy,)].append(i)
@@ -473,17 +476,32 @@ class Engine:
                 self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
 
     @staticmethod
-    def _graft_lookup(state: RequestState, tree: DraftTree, tokens: int) -> DraftTree:
-        """The request's tree with the branch prompt lookup copies from its own text
-        (drafters/lookup.py): up to `tokens` tokens, within the tree's own node count, so
-        the step's verify costs what the policy planned (docs/DESIGN.md, "Prompt lookup")."""
+    def _offer_copy(state: RequestState, tokens: int) -> list[int]:
+        """Up to `tokens` tokens prompt lookup copies from the request's own text
+        (drafters/lookup.py), noted for the policy to learn how far it is taken."""
         if state.ngrams is None:
             state.ngrams = NgramIndex()
-        chain = state.ngrams.continuation(state.tokens, min(tokens, tree.num_nodes - 1))
-        state.copy_offered = chain
+        state.copy_offered = state.ngrams.continuation(state.tokens, tokens)
+        return state.copy_offered
+
+    def _graft_lookup(self, state: RequestState, tree: DraftTree, tokens: int) -> DraftTree:
+        """The request's tree with prompt lookup's branch grafted on: up to `tokens`
+        tokens, within the tree's own node count, so the step's verify costs what the
+        policy planned (docs/DESIGN.md, "Prompt lookup")."""
+        chain = self._offer_copy(state, min(tokens, tree.num_nodes - 1))
         if not chain:
             return tree
         return graft(tree, to_device(chain, tree.tokens.device, torch.long))
+
+    def _copy_alone(self, state: RequestState, tokens: int) -> DraftTree:
+        """The tree of a step whose drafter is off but whose copy is on (the policy's
+        `_copies_alone`): prompt lookup's copy of up to `tokens` tokens as a chain from
+        the root; the root alone when nothing is on offer."""
+        chain = self._offer_copy(state, tokens)
+        if not chain:
+            return DraftTree.root_only(state.tokens[-1])
+        tree = to_device([[state.tokens[-1]] + chain, list(range(-1, len(chain)))], self.device, torch.long)  # [2, N]
+        return DraftTree(tree[0], tree[1])
 
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
                 trees: list[DraftTree]) -> None:
@@ -611,7 +629,8 @@ class Engine:
             self._count(s, drafted, a)
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs, top)
-            self.policy.observe(s, drafted, a)
+            if settings[b].method != "none":  # (a copy verified alone says nothing of the drafter)
+                self.policy.observe(s, drafted, a)
             if s.copy_offered:
                 self.policy.observe_copy(s, s.copy_offered, new_tokens[:-1])
                 s.copy_offered = []

@@ -34,13 +34,16 @@
   MT-bench) made the plan of 4 requests an 8-node tree for all of them at every
   probe, which the CPU's verify prices at +53 %: 0.93x of plain decoding. A batch
   whose plan turned every tree down is planned again after `REPLAN_STEPS` steps, or
-  as soon as it changes. Requests that pinned their tree size, and configs with
-  `adaptive_speculation: false`, are left alone.
+  as soon as it changes. A request whose tree is off but whose text has prompt
+  lookup's copy on offer verifies the copy alone where that pays (`_copies_alone`).
+  Requests that pinned their tree size, and configs with `adaptive_speculation:
+  false`, are left alone.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import time
 from typing import Optional
@@ -309,8 +312,9 @@ class SpeculationPolicy:
                 budgets[i] = min(full[i], best)
             if not self._held:
                 self._probe_smallest(states, budgets, [i for i in active if budgets[i] <= 1])
+        copies = self._copies_alone(states, budgets, adaptive)
         out = []
-        for s, n in zip(states, budgets):
+        for i, (s, n) in enumerate(zip(states, budgets)):
             st = s.settings
             stats = self._stats(s)
             if st.method != "none":
@@ -321,7 +325,7 @@ class SpeculationPolicy:
                     stats.forget()
                 stats.off_steps = stats.off_steps + 1 if n <= 1 else 0
             if n <= 1 and st.method != "none":
-                out.append(PLAIN)
+                out.append(copy_alone(copies[i]) if i in copies else PLAIN)
             elif n < self.full_nodes(st):
                 if n not in stats.shrunk:  # one object per request and size, not one per step
                     stats.shrunk[n] = self._shrunk(st, n)
@@ -370,6 +374,41 @@ class SpeculationPolicy:
             if rates[size] > best_rate * (1 + 1e-9):
                 best, best_rate = size, rates[size]
         self._denied = (key, self._step) if best == 1 else None
+        return best
+
+    def _copies_alone(self, states: list, budgets: list[int], adaptive: list[int]) -> dict[int, int]:
+        """Adaptive requests whose tree is off this step (`budgets` 1) but whose text has
+        prompt lookup's copy on offer, of a kind their earlier copies say the target
+        takes: index -> tokens of the copy to verify alone, without drafting (the step's
+        tree is the copy, a chain from the root). The verify pads every row to the
+        batch's largest tree, so a copy within it costs nothing; copies of up to L tokens
+        (one L for the batch, from 1 to the longest on offer) are taken for the L with the
+        most expected tokens per second, and one that widens the verify only past
+        SPECULATE_MARGIN of the step's rate. Where the drafter's tree does not pay, its
+        drafting (EAGLE-3 on chat; any drafter under load) does not have to be paid for
+        a copy."""
+        offers = {}
+        for i in adaptive:
+            stats = self._stats(states[i])
+            if budgets[i] <= 1 and states[i].settings.lookup_tokens and stats.copies_taken:
+                stats.copy_on_offer = _copy_length(states[i])
+                if stats.copy_on_offer:
+                    offers[i] = stats.copy_on_offer
+        if not offers:
+            return {}
+        tokens, cost = self._totals(states, budgets, {}, [])[1]
+        B, N, key_len = len(states), max(budgets), max(s.cached_len for s in states)
+        verify = self.cost.verify_seconds(B, N, key_len)
+        plain_rate = tokens / max(cost, 1e-9)
+        best, best_rate = {}, plain_rate
+        for length in range(1, max(offers.values()) + 1):
+            chains = {i: min(offer, length) for i, offer in offers.items()}
+            width = max(N, 1 + max(chains.values()))
+            gain = sum(self._stats(states[i]).copy_expected(k) for i, k in chains.items())
+            rate = (tokens + gain) / max(cost - verify + self.cost.verify_seconds(B, width, key_len), 1e-9)
+            needed = plain_rate * (1 + SPECULATE_MARGIN) if width > N else plain_rate
+            if rate > needed and rate > best_rate * (1 + 1e-9):
+                best, best_rate = chains, rate
         return best
 
     def _ladder(self, full: int) -> list[int]:
@@ -464,13 +503,20 @@ class SpeculationPolicy:
 
     def _rates(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int],
                catching_up: bool = False) -> dict[int, float]:
-        """The `_rate` of the batch when every request in `full` (index -> its full tree)
-        gets min(full tree, size) nodes and the others keep `budgets`, for size 1 (no
-        tree) and each of `sizes`. One pass instead of one per size: the other requests'
-        tokens and drafting are summed once, and the adaptive ones are grouped by
-        (method, full tree), whose drafting cost and depth share they have in common. At
-        32 requests a pass per size was most of the policy's time per step, spent even
-        when every tree is turned down. `catching_up`: the drafting of the requests in
+        """The `_rate` of the batch for each size of `_totals`."""
+        return {size: tokens / max(cost, 1e-9)
+                for size, (tokens, cost) in self._totals(states, budgets, full, sizes, catching_up).items()}
+
+    def _totals(self, states: list, budgets: list[int], full: dict[int, int], sizes: list[int],
+                catching_up: bool = False) -> dict[int, tuple[float, float]]:
+        """Expected emitted tokens and seconds of the step (`_rates` are their ratios)
+        when every request in `full` (index -> its full tree) gets min(full tree, size)
+        nodes and the others keep `budgets`, for size 1 (no tree) and each of `sizes`.
+        One pass instead of one per size: the other requests' tokens and drafting are
+        summed once, and the adaptive ones are grouped by (method, full tree), whose
+        drafting cost and depth share they have in common. At 32 requests a pass per size
+        was most of the policy's time per step, spent even when every tree is turned
+        down. `catching_up`: the drafting of the requests in
         `full` is priced as calls that catch a drafter up (probes after a pause)."""
         key_len = max(s.cached_len for s in states)
         tokens_fixed, n_fixed, drafting_fixed = 0.0, 1, collections.Counter()
@@ -484,7 +530,7 @@ class SpeculationPolicy:
         for i, f in full.items():
             st = states[i].settings
             groups.setdefault((st.method, f), [[], st])[0].append(states[i])
-        rates = {}
+        totals = {}
         for size in [1] + sizes:
             tokens, N, drafting = tokens_fixed + len(full), n_fixed, collections.Counter(drafting_fixed)
             for (method, f), (members, st) in groups.items():
@@ -495,8 +541,8 @@ class SpeculationPolicy:
                     drafting[(method, self.draft_nodes(st, n), catching_up)] += len(members)
             cost = self.cost.verify_seconds(len(states), N, key_len)
             cost += sum(self.cost.draft_seconds(m, k, nodes, c) for (m, nodes, c), k in drafting.items())
-            rates[size] = tokens / max(cost, 1e-9)
-        return rates
+            totals[size] = tokens, cost
+        return totals
 
     def _stats(self, state) -> AdaptiveState:
         if state.adaptive is None:
@@ -750,6 +796,13 @@ def _forward_run(engine, B: int, N: int, prefix_len: int):
 
     run()
     return run
+
+
+@functools.lru_cache(maxsize=None)
+def copy_alone(tokens: int) -> TreeSettings:
+    """The step's settings of a request whose tree is off and that verifies prompt
+    lookup's copy of up to `tokens` tokens alone (`_copies_alone`): no drafter runs."""
+    return dataclasses.replace(PLAIN, lookup_tokens=tokens)
 
 
 def _copy_length(state) -> int:
