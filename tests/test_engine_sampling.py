@@ -14,11 +14,12 @@ import torch
 from scipy.stats import chisquare
 
 import specdec.engine as engine_module
+import specdec.sampling as sampling_module
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.drafters.lookup import graft
 from specdec.kv_cache import AttentionBatch
 from specdec.models.layers import causal_mask
-from specdec.sampling import LogitsRow, SamplingTensors, probabilities, process_logits, sampling_tensors
+from specdec.sampling import LogitsRow, SamplingTensors, _truncated as truncated, probabilities, process_logits, sampling_tensors
 
 TEMPERATURE, TOP_P = 0.9, 0.95
 TRIALS = 1500
@@ -126,6 +127,52 @@ def test_requests_do_not_share_random_state(engine):
     reqs += [request(p, 32, m, rid=f"o{i}", temperature=1.0, seed=i)
              for i, (p, m) in enumerate(zip(prompts[1:], ["eagle2", "draft_model", "none"]))]
     assert run_batch(engine, reqs)["x"] == alone
+
+
+def nucleus_reference(row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """One row's sampling distribution [V], computed the plain way: every token ranked."""
+    x = row.double() / temperature
+    order = x.argsort(descending=True)[: top_k or len(x)]
+    probs = torch.softmax(x[order], -1)
+    keep = order[probs.cumsum(-1) - probs < top_p]
+    out = torch.zeros_like(x)
+    out[keep] = torch.softmax(x[keep], -1)
+    return out.float()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_top_p_rank_only_what_they_can_keep_and_equal_ranking_everything(seed, monkeypatch):
+    """On the CPU top-p ranks a few candidates and ranks the whole vocabulary again only
+    for the rows whose nucleus reaches past them; top-k alone ranks its k. Rows peaked
+    and flat (nuclei of a few tokens and of most of the vocabulary), with every mix of
+    settings, in one batch: each row equals the plain computation."""
+    monkeypatch.setattr(sampling_module, "TOP_P_CANDIDATES", 16)
+    gen = torch.Generator().manual_seed(seed)
+    B, N, V = 6, 3, 500
+    sharpness = torch.tensor([8.0, 0.05, 3.0, 0.3, 1.0, 6.0])[torch.randperm(B, generator=gen)]
+    logits = torch.randn(B, N, V, generator=gen) * sharpness[:, None, None]
+    temperature = torch.rand(B, generator=gen) + 0.5
+    settings = [(0, 0.9), (5, 1.0), (0, 1.0), (40, 0.7), (3, 0.5), (0, 0.99)]
+    settings = [settings[i] for i in torch.randperm(B, generator=gen).tolist()]
+    rankings = []
+    monkeypatch.setattr(sampling_module, "_truncated", lambda scaled, k, p, ranked: (
+        rankings.append(ranked), truncated(scaled, k, p, ranked))[1])
+    ranked = {}
+    for name, rows in (("mixed", settings), ("top-k everywhere", [(k or 7, p) for k, p in settings]),
+                       ("top-p alone", [(0, 0.9)] * B)):
+        params = SamplingTensors(temperature, torch.tensor([k for k, _ in rows]),
+                                 torch.tensor([p for _, p in rows]), truncate=True,
+                                 top_k_bound=max(k for k, _ in rows) if all(k for k, _ in rows) else 0)
+        rankings.clear()
+        probs = probabilities(logits, params)
+        for b, (k, p) in enumerate(rows):
+            for n in range(N):
+                torch.testing.assert_close(probs[b, n], nucleus_reference(logits[b, n], temperature[b].item(), k, p),
+                                           atol=1e-6, rtol=1e-5)
+        ranked[name] = list(rankings)
+    # the largest top-k first (more than the 16 candidates), then the flat rows again in full;
+    # where every row has a top-k, only its largest; top-p alone: the candidates, then in full
+    assert ranked == {"mixed": [40, V], "top-k everywhere": [40], "top-p alone": [16, V]}
 
 
 def test_top_k_top_p_over_a_tree_equal_each_node_alone():
