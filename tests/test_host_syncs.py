@@ -52,6 +52,15 @@ def kernel_stand_ins(monkeypatch):
     monkeypatch.setattr(engine_module, "verify_sampling", kernel)
 
 
+@pytest.fixture(autouse=True)
+def gpu_truncation(monkeypatch):
+    """On the CPU, top-k/top-p rank a few candidates and read back which rows need the
+    whole vocabulary (sampling.probabilities), a read that costs a CPU nothing; a GPU
+    ranks the whole vocabulary instead, without reading. The probe sees the GPU's way."""
+    import specdec.sampling as sampling_module
+    monkeypatch.setattr(sampling_module, "reads_are_free", lambda device: False)
+
+
 def _running_engine(reqs, steps: int = 3):
     engine = make_engine(dtype="float32", max_batch_size=8)
     for r in reqs:

@@ -122,7 +122,7 @@ def probabilities(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     k = torch.where(params.top_k > 0, params.top_k, torch.full_like(params.top_k, V))  # [B]
     if params.top_k_bound:
         return _truncated(scaled, k, params.top_p, min(V, params.top_k_bound))[0]
-    if scaled.device.type != "cpu":
+    if not reads_are_free(scaled.device):
         return _truncated(scaled, k, params.top_p, V)[0]
     probs, spilled = _truncated(scaled, k, params.top_p, min(V, max(TOP_P_CANDIDATES, int(params.top_k.max()))))
     rows = spilled.nonzero()  # [R, 2]: (b, n) of the rows to rank again in full
@@ -130,6 +130,11 @@ def probabilities(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
         b, n = rows[:, 0], rows[:, 1]
         probs[b, n] = _truncated(scaled[b, n][:, None], k[b], params.top_p[b], V)[0][:, 0]
     return probs
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether the host can read a value on `device` without waiting for queued work."""
+    return device.type == "cpu"
 
 
 def _truncated(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, ranked: int
