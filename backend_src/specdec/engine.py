@@ -626,7 +626,7 @@ class Engine:
                 top = [top_pairs(ids[j * K: (j + 1) * K] + lps[j * K: (j + 1) * K], K, s.req.top_log_probs)
                        for j in range(a + 1)]
             drafted = trees[b].num_nodes - 1
-            self._count(s, drafted, a)
+            self._count(s, drafted, a, copy_alone=settings[b].method == "none")
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs, top)
             if settings[b].method != "none":  # (a copy verified alone says nothing of the drafter)
@@ -643,14 +643,17 @@ class Engine:
             return self.graphs.forward(ids, positions, batch, aux)
         return self.target(ids, positions, self.cache, batch, self.aux_layers if aux else ())
 
-    def _count(self, s: RequestState, drafted: int, accepted: int) -> None:
+    def _count(self, s: RequestState, drafted: int, accepted: int, copy_alone: bool) -> None:
+        """A verify step's counts, per request and server-wide under the method whose
+        drafts it verified: "none" without drafts, "prompt_lookup" for a copy verified
+        alone (its drafter's tree was off), else the request's method."""
         st = s.stats
         st.total_draft_tokens += drafted
         st.total_accepted_draft_tokens += accepted
         st.target_forwards += 1
         st.emitted_tokens += accepted + 1
         m = self.metrics
-        method = s.settings.method if drafted else "none"
+        method = "none" if not drafted else "prompt_lookup" if copy_alone else s.settings.method
         m.draft_tokens[method] += drafted
         m.accepted_tokens[method] += accepted
         m.verify_steps[method] += 1

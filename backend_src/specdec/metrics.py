@@ -12,7 +12,8 @@ Derived figures (docs/DESIGN.md, "Metrics"), over any interval, per method:
     acceptance rate  = accepted_draft_tokens / draft_tokens
 
 A verify step that carried no draft tokens (plain decoding, or a speculative request
-whose tree was cut to its root) counts under method "none"; `requests` counts each
+whose tree was cut to its root) counts under method "none", one that verified prompt
+lookup's copy alone under "prompt_lookup"; `requests` counts each
 request under the method it asked for (or the model's default).
 """
 from __future__ import annotations

@@ -516,8 +516,8 @@ class SpeculationPolicy:
         summed once, and the adaptive ones are grouped by (method, full tree), whose
         drafting cost and depth share they have in common. At 32 requests a pass per size
         was most of the policy's time per step, spent even when every tree is turned
-        down. `catching_up`: the drafting of the requests in
-        `full` is priced as calls that catch a drafter up (probes after a pause)."""
+        down. `catching_up`: the drafting of the requests in `full` is priced as calls
+        that catch a drafter up (probes after a pause)."""
         key_len = max(s.cached_len for s in states)
         tokens_fixed, n_fixed, drafting_fixed = 0.0, 1, collections.Counter()
         for i, (s, n) in enumerate(zip(states, budgets)):
