@@ -86,6 +86,11 @@ def test_latency_compare_interleaves_configurations_request_by_request(tmp_path,
     assert rows["eagle3"]["same_as_none"]["same"] and rows["hf"]["same_as_none"]["same"]
     runs = json.loads(report.read_text())["runs"]
     assert [[q["task_id"] for q in run["requests"]] for run in runs] == [[0, 1, 2]] * 3
+    # the engine's verify steps while timed, by what they verified (none for transformers)
+    forwards = {r["label"]: sum(q["target_forwards"] for q in r["requests"]) for r in runs[:2]}
+    assert runs[0]["verify_steps"] == {"none": forwards["none"]} and runs[2]["verify_steps"] is None
+    assert sum(runs[1]["verify_steps"].values()) == forwards["eagle3"] and set(runs[1]["verify_steps"]) <= {
+        "eagle3", "none", "prompt_lookup"}
     calls.clear()
     assert _bench(capsys, *args, "--no-interleave")[0] == 0
     assert [c for c in calls if len(c[1]) > 1] == [("none", (0, 1, 2)), ("eagle3", (0, 1, 2)), ("hf", (0, 1, 2))]

@@ -192,6 +192,10 @@ class Run:
     # CUDA graphs captured while this configuration was timed (--cuda-graphs) and their
     # seconds: a capture is paid once per bucket, in the first step that needs it
     graph_captures: Optional[tuple[int, float]] = None
+    # The engine's verify steps while timed, by the label the engine counted them under
+    # (docs/DESIGN.md, "Metrics"): the request's method where a tree was drafted, "none"
+    # where its tree was off, "prompt_lookup" where a copy was verified alone
+    verify_steps: Optional[dict[str, int]] = None
 
     def summary(self) -> dict:
         res = self.results
@@ -585,6 +589,8 @@ def performance_overview(run: Run) -> str:
     ]
     if run.graph_captures is not None:
         rows.append(("CUDA graphs captured while timed", f"{run.graph_captures[0]} ({run.graph_captures[1]:.2f} s)"))
+    if run.verify_steps:
+        rows.append(("Verify steps by drafts", ", ".join(f"{k} {v}" for k, v in sorted(run.verify_steps.items()))))
     return _block("PERFORMANCE OVERVIEW", rows)
 
 
@@ -849,14 +855,17 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
 
     warm = [reqs[i % len(reqs)] for i in range(args.warmup)]
     captured: dict[str, tuple[int, float]] = {}  # entry -> graphs captured while timed, seconds
+    steps: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)  # entry -> Run.verify_steps
 
     def run_entry(entry: str, batch: list[BenchRequest], progress, timed: bool = True
                   ) -> tuple[list[RequestResult], float]:
         try:
             if entry_method(entry) not in METHODS:
                 return run_hf(entry, hf_models, batch, args, end_id, progress)
-            before = engine.graph_captures()
+            before, steps_before = engine.graph_captures(), collections.Counter(engine.metrics.verify_steps)
             out = run_engine(engine, entry, batch, args, end_id, progress)
+            if timed:
+                steps[entry] += collections.Counter(engine.metrics.verify_steps) - steps_before
             if timed and args.cuda_graphs:
                 after, sofar = engine.graph_captures(), captured.get(entry, (0, 0.0))
                 captured[entry] = (sofar[0] + after[0] - before[0], sofar[1] + after[1] - before[1])
@@ -880,7 +889,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
                 done, total = collected[entry]
                 collected[entry] = (done + results, total + wall)
         bar.close()
-        runs = [Run(e, trees[e], *collected[e], captured.get(e)) for e in entries]
+        runs = [Run(e, trees[e], *collected[e], captured.get(e), dict(steps[e]) or None) for e in entries]
         for run in runs:
             print(performance_overview(run))
     for entry in [] if interleave else entries:
@@ -890,7 +899,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
             results, wall = run_entry(entry, reqs, bar.update)
         finally:
             bar.close()
-        run = Run(entry, trees[entry], results, wall, captured.get(entry))
+        run = Run(entry, trees[entry], results, wall, captured.get(entry), dict(steps[entry]) or None)
         runs.append(run)
         print(performance_overview(run))
 
@@ -911,7 +920,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         machine=machine, requests_source=str(args.dataset or args.question_set),
         engine_at_load=portable(getattr(engine, "load_note", None)),  # calibration's timings, as printed
         runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s, graph_captures=r.graph_captures,
-                   step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
+                   verify_steps=r.verify_steps, step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
                    requests=[x.to_json() for x in r.results]) for r in runs],
         comparison=rows,
     )
