@@ -3,7 +3,8 @@
 
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --report-json docs/bench/overheads.json
 
-Two measurements on the shipped family (float32), each side by side in one process:
+Three measurements on the shipped family (float32), each side by side in one process
+(`--measure` picks some):
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
   the full forward against the output at the last position only (`queries`), median of
   `--iters` calls each; the two outputs are compared too.
@@ -12,6 +13,12 @@ Two measurements on the shipped family (float32), each side by side in one proce
   alternating `--repeats` times; per step: the whole step, the policy's planning and the
   EAGLE features' commit. What adaptive speculation costs when it speculates nothing
   (the run stops if a tree is drafted in a timed step).
+- sampling: `sampling.probabilities` on the target's own next-token distributions (the
+  last positions of HumanEval and MT-bench prompts), batches of B requests x N tree
+  nodes, temperature 0.8 with top-p, top-k or both: the tokens they can keep ranked
+  (the CPU's way) against the whole vocabulary ranked (a GPU's way, and the engine's
+  before), median of `--sampling-iters` calls each, the share of rows whose nucleus
+  reached past the candidates, and the two results compared.
 
 Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import statistics
 import sys
@@ -35,7 +43,7 @@ import torch  # noqa: E402
 from bench import encode_question, machine_info  # noqa: E402
 from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
-from specdec import engine as engine_module, policy as policy_module  # noqa: E402
+from specdec import engine as engine_module, policy as policy_module, sampling as sampling_module  # noqa: E402
 from specdec.config import EngineConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.kv_cache import AttentionBatch  # noqa: E402
@@ -124,6 +132,54 @@ def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int
     return dict(batch=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=per_step, median_ms=summary)
 
 
+SAMPLING_SHAPES = ((1, 3), (1, 16), (16, 16))  # (requests, tree nodes) per probabilities() call
+SAMPLING_SETTINGS = {"top_p 0.95": (0, 0.95), "top_k 50": (50, 1.0), "top_k 50, top_p 0.9": (50, 0.9)}
+
+
+def sampling(engine: Engine, prompts: list[list[int]], iters: int) -> dict:
+    rows = []
+    for ids in prompts:  # the target's distributions at each prompt's last 32 positions
+        T = len(ids)
+        cache = engine.target.new_cache(1, T)
+        batch = AttentionBatch.build(torch.tensor([0]), torch.tensor([0]), causal_mask(1, T, "cpu"))
+        with torch.inference_mode():
+            hidden, _ = engine.target(torch.tensor([ids]), torch.arange(T)[None], cache, batch)
+            rows.append(engine.target.logits(hidden[:, -32:])[0].float())
+    pool = torch.cat(rows)  # [R, V]
+    if len(pool) < max(B * N for B, N in SAMPLING_SHAPES):
+        raise SystemExit(f"sampling: {len(pool)} distributions, fewer than the largest shape needs")
+    out = {}
+    for B, N in SAMPLING_SHAPES:
+        logits = pool[: B * N].reshape(B, N, -1)
+        for name, (top_k, top_p) in SAMPLING_SETTINGS.items():
+            params = sampling_module.SamplingTensors(torch.full((B,), 0.8), torch.full((B,), top_k),
+                                                     torch.full((B,), top_p), truncate=True, top_k_bound=top_k)
+            everything = dataclasses.replace(params, top_k_bound=0)
+            ms = {}
+            reads_are_free = sampling_module.reads_are_free
+            try:  # "everything": the whole vocabulary ranked, as where reading the device is not free
+                for label, p, reads in (("ranked", params, reads_are_free),
+                                        ("everything", everything, lambda device: False)):
+                    sampling_module.reads_are_free = reads
+                    probs = sampling_module.probabilities(logits, p)  # (untimed first call)
+                    times = []
+                    for _ in range(iters):
+                        t0 = time.perf_counter()
+                        sampling_module.probabilities(logits, p)
+                        times.append(time.perf_counter() - t0)
+                    ms[label] = (1e3 * statistics.median(times), probs)
+            finally:
+                sampling_module.reads_are_free = reads_are_free
+            k = torch.where(params.top_k > 0, params.top_k, logits.shape[-1])
+            spilled = sampling_module._truncated(logits / 0.8, k, params.top_p, sampling_module.TOP_P_CANDIDATES)[1]
+            out[f"{B}x{N}, {name}"] = dict(
+                requests=B, nodes=N, top_k=top_k, top_p=top_p, ranked_ms=round(ms["ranked"][0], 3),
+                everything_ms=round(ms["everything"][0], 3), speedup=round(ms["everything"][0] / ms["ranked"][0], 2),
+                spilled_rows=round(float(spilled.float().mean()), 3) if not top_k else 0.0,
+                max_abs_diff=float((ms["ranked"][1] - ms["everything"][1]).abs().max()))
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", type=Path, default=FAMILY_DIR)
@@ -132,8 +188,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch", type=int, default=32, help="requests stepped together (default 32)")
     p.add_argument("--steps", type=int, default=40, help="timed steps per repeat (default 40)")
     p.add_argument("--repeats", type=int, default=5, help="plain/adaptive alternations (default 5)")
+    p.add_argument("--sampling-iters", type=int, default=10, help="probabilities() calls per variant (default 10)")
+    p.add_argument("--measure", default="catch-up,off-state,sampling",
+                   help="comma-separated: catch-up, off-state, sampling (default all three)")
     p.add_argument("--report-json", type=Path, default=None)
     args = p.parse_args(argv)
+    measure = set(args.measure.split(","))
+    if not measure <= {"catch-up", "off-state", "sampling"}:
+        p.error(f"--measure: unknown {', '.join(sorted(measure - {'catch-up', 'off-state', 'sampling'}))}")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.family / "base"), local_files_only=True)
@@ -143,15 +205,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     engine = _engine(args.family, args.batch)
     report = dict(tool="tools/bench/bench_overheads.py", command=" ".join(["python", "tools/bench/bench_overheads.py",
                                                                       *(argv or sys.argv[1:])]),
-                  machine=machine_info("cpu"), catch_up=catch_up(engine, args.pairs, args.iters),
-                  off_state=off_state(engine, prompts, args.steps, args.repeats))
-    for method, row in report["catch_up"].items():
-        print(f"catch-up {method}, {row['pairs']} pairs: full {row['full_ms']:.2f} ms, last position only "
-              f"{row['queries_ms']:.2f} ms (max |diff| {row['max_abs_diff']:.1e})")
-    m = report["off_state"]["median_ms"]
-    print(f"off-state, batch {args.batch}: plain {m['none']['step']:.2f} ms/step, adaptive EAGLE-2 with every "
-          f"tree off {m['eagle2']['step']:.2f} ms/step ({100 * m['overhead']:+.1f} %); planning "
-          f"{m['eagle2']['plan']:.3f} ms, EAGLE commit {m['eagle2']['commit']:.3f} ms")
+                  machine=machine_info("cpu"))
+    if "catch-up" in measure:
+        report["catch_up"] = catch_up(engine, args.pairs, args.iters)
+        for method, row in report["catch_up"].items():
+            print(f"catch-up {method}, {row['pairs']} pairs: full {row['full_ms']:.2f} ms, last position only "
+                  f"{row['queries_ms']:.2f} ms (max |diff| {row['max_abs_diff']:.1e})")
+    if "off-state" in measure:
+        report["off_state"] = off_state(engine, prompts, args.steps, args.repeats)
+        m = report["off_state"]["median_ms"]
+        print(f"off-state, batch {args.batch}: plain {m['none']['step']:.2f} ms/step, adaptive EAGLE-2 with every "
+              f"tree off {m['eagle2']['step']:.2f} ms/step ({100 * m['overhead']:+.1f} %); planning "
+              f"{m['eagle2']['plan']:.3f} ms, EAGLE commit {m['eagle2']['commit']:.3f} ms")
+    if "sampling" in measure:
+        chat = first_turns(read_question_set(question_set_path("mt_bench")))
+        pool = [encode_question(tokenizer, t, "auto")[:200] for pair in zip(texts, chat) for t in pair]
+        report["sampling"] = sampling(engine, pool[:12], args.sampling_iters)
+        for name, row in report["sampling"].items():
+            print(f"sampling {name}: ranked {row['ranked_ms']:.2f} ms, everything {row['everything_ms']:.2f} ms "
+                  f"({row['speedup']:.2f}x; rows past the candidates {row['spilled_rows']:.3f}; "
+                  f"max |diff| {row['max_abs_diff']:.1e})")
     if args.report_json:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
         args.report_json.write_text(json.dumps(report, indent=1))
