@@ -141,6 +141,21 @@ def test_entries_can_name_an_eagle_tree_size(tmp_path, capsys):
     assert all(r["same_as_none"]["same"] for r in data["comparison"][1:])
 
 
+def test_sampled_runs_take_a_nucleus(tmp_path, capsys, monkeypatch):
+    """--temperature with --top-p reaches every engine request and the report."""
+    seen = []
+    sampling_for = bench.sampling_for
+    monkeypatch.setattr(bench, "sampling_for", lambda args, task_id: seen.append(sampling_for(args, task_id))
+                        or seen[-1])
+    report = tmp_path / "sampled.json"
+    code, out = _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "2",
+                       "--output-tokens", "6", "--warmup", "0", "--no-progress", "--compare", "none,eagle3",
+                       "--temperature", "0.8", "--top-p", "0.9", "--report-json", str(report))
+    assert code == 0 and "Top-p" in out and json.loads(report.read_text())["config"]["top_p"] == 0.9
+    assert len(seen) == 4 and {(s.temperature, s.top_p) for s in seen} == {(0.8, 0.9)}
+    assert sorted(s.seed for s in seen) == [0, 0, 1, 1]  # a stream per request, the same for every configuration
+
+
 def test_bad_arguments_exit_2(capsys):
     code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--compare", "none,nope"])
     assert code == 2 and "unknown configuration 'nope'" in capsys.readouterr().err
@@ -152,6 +167,10 @@ def test_bad_arguments_exit_2(capsys):
         code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL),
                            "--compare", f"none,{entry}"])
         assert code == 2 and "+lookup and +nolookup follow" in capsys.readouterr().err, entry
+    for top_p in ("0", "1.5"):
+        code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL),
+                           "--temperature", "0.8", "--top-p", top_p])
+        assert code == 2 and "--top-p must be in (0, 1]" in capsys.readouterr().err, top_p
 
 
 def test_eval_family_tiny(tmp_path, capsys):

@@ -245,7 +245,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def sampling_for(args: argparse.Namespace, task_id: int) -> SamplingParams:
     # A per-request seed: every configuration draws the same random stream per request.
-    return SamplingParams(temperature=args.temperature, seed=task_id if args.temperature > 0 else None)
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                          seed=task_id if args.temperature > 0 else None)
 
 
 def entry_method(entry: str) -> str:
@@ -370,7 +371,7 @@ def run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Na
                   eos_token_id=end_id, pad_token_id=end_id if end_id is not None else 0)
         if args.temperature > 0:
             torch.manual_seed(r.task_id)
-            kw.update(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
+            kw.update(do_sample=True, temperature=args.temperature, top_k=0, top_p=args.top_p)
         else:
             kw.update(do_sample=False)
         if entry == "hf-assisted":
@@ -459,7 +460,7 @@ def describe_tree(entry: str, engine: Optional[Engine], args: argparse.Namespace
     if entry == "none":
         return "plain decoding"
     if entry == "hf":
-        how = "greedy" if args.temperature == 0 else f"sampling, temperature {args.temperature}"
+        how = "greedy" if args.temperature == 0 else f"sampling, temperature {args.temperature}, top_p {args.top_p}"
         return f"transformers generate, {how}, {args.hf_dtype}"
     if entry == "hf-assisted":
         return "transformers assistant_model=draft (its default schedule)"
@@ -556,7 +557,8 @@ def engine_details(args: argparse.Namespace, entries: list[str], trees: dict[str
         rows.append(("Engine at load", note))
     rows += [("Dtype", args.dtype), ("Device", args.device),
              ("Max batch size", args.max_batch_size if args.mode == "throughput" else 1),
-             ("Temperature", args.temperature), ("Stop at EOS", args.stop_at_eos), ("Warmup requests", args.warmup),
+             ("Temperature", args.temperature), ("Top-p", args.top_p), ("Stop at EOS", args.stop_at_eos),
+             ("Warmup requests", args.warmup),
              ("CPU", f"{machine['cpu']} ({machine['cpu_cores_usable']} usable cores, "
                      f"{machine['torch_threads']} torch threads)")]
     if machine["gpu"]:
@@ -801,6 +803,7 @@ def build_parser() -> argparse.ArgumentParser:
         cfg.add_argument("--adaptive", choices=("on", "off"), default="off",
                          help="the engine's adaptive speculation (off: every step uses the full tree)")
         cfg.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+        cfg.add_argument("--top-p", type=float, default=1.0, help="nucleus of sampled requests (default 1: off)")
         cfg.add_argument("--dtype", default="float32", choices=DTYPES)
         cfg.add_argument("--hf-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                          help="dtype of the transformers references")
@@ -828,6 +831,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     _validate_that(args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}")
+    _validate_that(0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}")
     _validate_that(args.max_batch_size >= 1, f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     _validate_that(args.warmup >= 0, f"--warmup must be >= 0, got {args.warmup}")
     family = Path(args.family)
