@@ -154,6 +154,10 @@ def test_sampled_runs_take_a_nucleus(tmp_path, capsys, monkeypatch):
     assert code == 0 and "Top-p" in out and json.loads(report.read_text())["config"]["top_p"] == 0.9
     assert len(seen) == 4 and {(s.temperature, s.top_p) for s in seen} == {(0.8, 0.9)}
     assert sorted(s.seed for s in seen) == [0, 0, 1, 1]  # a stream per request, the same for every configuration
+    seen.clear()
+    assert _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "2", "--output-tokens", "6",
+                  "--warmup", "0", "--no-progress", "--temperature", "0.8", "--unseeded")[0] == 0
+    assert len(seen) == 2 and all(s.seed is None for s in seen)
 
 
 def test_bad_arguments_exit_2(capsys):

@@ -244,9 +244,11 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def sampling_for(args: argparse.Namespace, task_id: int) -> SamplingParams:
-    # A per-request seed: every configuration draws the same random stream per request.
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                          seed=task_id if args.temperature > 0 else None)
+    # A per-request seed: every configuration draws the same random stream per request
+    # (a seeded sampled request keeps one tree); --unseeded: as clients that send no seed,
+    # whose trees adaptive speculation sizes.
+    seeded = args.temperature > 0 and not args.unseeded
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=task_id if seeded else None)
 
 
 def entry_method(entry: str) -> str:
@@ -804,6 +806,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the engine's adaptive speculation (off: every step uses the full tree)")
         cfg.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
         cfg.add_argument("--top-p", type=float, default=1.0, help="nucleus of sampled requests (default 1: off)")
+        cfg.add_argument("--unseeded", action="store_true",
+                         help="sampled requests send no seed (adaptive speculation then sizes their trees)")
         cfg.add_argument("--dtype", default="float32", choices=DTYPES)
         cfg.add_argument("--hf-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                          help="dtype of the transformers references")

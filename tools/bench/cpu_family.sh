@@ -33,7 +33,9 @@
 #              used), adaptive speculation on: plain decoding, EAGLE-3, and a pinned 3-node tree;
 #              what the adaptive policy's constants may be tuned on
 # sampled-heldout  the same 14 requests sampled (temperature 0.8, top-p 0.95, seeded): plain decoding,
-#              EAGLE-3 with 3 and 16 nodes, EAGLE-2 with 16, transformers' sampling
+#              EAGLE-3 with 3 and 16 nodes, EAGLE-2 with 16, transformers' sampling; then unseeded (as
+#              OpenAI clients send them), adaptive speculation on: plain decoding, EAGLE-3 as served, and
+#              a pinned 3-node tree
 # sampling-truncation  tools/bench/bench_overheads.py --measure sampling: top-k/top-p ranking only
 #              what they can keep against ranking the whole vocabulary, side by side
 # concurrency-lookup  bench_concurrency.py: plain vs EAGLE-3 adaptive with prompt lookup and without,
@@ -111,7 +113,11 @@ for stage in "${stages[@]}"; do
       $PY tools/bench/bench.py latency --question-set docs/bench/heldout_chat_questions.jsonl --num-requests 14 \
         --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --temperature 0.8 --top-p 0.95 \
         --eagle-total-tokens 16 --compare none,eagle3@3,eagle3,eagle2,hf \
-        --report-json "$OUT/latency_sampled_heldout.json" --markdown "$OUT/latency_sampled_heldout.md" ;;
+        --report-json "$OUT/latency_sampled_heldout.json" --markdown "$OUT/latency_sampled_heldout.md"
+      $PY tools/bench/bench.py latency --question-set docs/bench/heldout_chat_questions.jsonl --num-requests 14 \
+        --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --temperature 0.8 --top-p 0.95 --unseeded \
+        --adaptive on --compare none,eagle3,eagle3@3 --report-json "$OUT/latency_sampled_adaptive_heldout.json" \
+        --markdown "$OUT/latency_sampled_adaptive_heldout.md" ;;
     sampling-truncation)
       $PY tools/bench/bench_overheads.py --measure sampling --report-json "$OUT/sampling_truncation.json" ;;
     concurrency-lookup)
