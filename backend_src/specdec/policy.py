@@ -98,6 +98,13 @@ SERVED_FORGET = 0.995
 # drafter catching up on its prompt; probes after pauses). At 16 clients on the CPU
 # a modelled +9 % for 2-node trees measured 0.88-0.95x of plain.
 SPECULATE_MARGIN = 0.10
+# ... and a batch whose adaptive requests all drafted in the last step keeps its trees
+# past this smaller one: what the larger margin covers besides the model's error (a
+# drafter catching up after a pause, the probes that follow one) a request that goes on
+# drafting does not pay. With one margin, sampled chat requests whose acceptance
+# hovered near break-even turned their trees off and waited out doubling pauses
+# (docs/benchmarks.md 1.13).
+KEEP_MARGIN = 0.03
 PLAIN = TreeSettings(method="none")  # this step's settings of a request whose tree is off
 FIRST_BACKOFF = 4  # steps a request stays off before it probes speculation again
 MAX_BACKOFF = 64  # ... doubled after each probe the plan did not follow with a tree, up to this
@@ -357,7 +364,9 @@ class SpeculationPolicy:
 
     def _best_size(self, states: list, budgets: list[int], full: dict[int, int]) -> int:
         """The batch's tree size N for the adaptive requests in `full` (1: no tree): the
-        one with the most expected tokens per second, a tree only past the margin. A plan
+        one with the most expected tokens per second, a tree only past the margin
+        (KEEP_MARGIN where every one of them drafted last step and not as a probe, whose
+        request is judged as new; else SPECULATE_MARGIN). A plan
         of N = 1 holds for REPLAN_STEPS steps while the batch, its adaptive requests and
         their estimates stay as they were (the estimates do not move while nothing is
         drafted); only the costs drift meanwhile, and slowly."""
@@ -369,7 +378,8 @@ class SpeculationPolicy:
             return 1
         sizes = self._ladder(max(full.values()))
         rates = self._rates(states, budgets, full, sizes)
-        best, best_rate = 1, rates[1] * (1 + SPECULATE_MARGIN)
+        keeping = all(_drafting(self._stats(states[i])) for i in full)
+        best, best_rate = 1, rates[1] * (1 + (KEEP_MARGIN if keeping else SPECULATE_MARGIN))
         for size in sizes:
             if rates[size] > best_rate * (1 + 1e-9):
                 best, best_rate = size, rates[size]
@@ -803,6 +813,11 @@ def copy_alone(tokens: int) -> TreeSettings:
     """The step's settings of a request whose tree is off and that verifies prompt
     lookup's copy of up to `tokens` tokens alone (`_copies_alone`): no drafter runs."""
     return dataclasses.replace(PLAIN, lookup_tokens=tokens)
+
+
+def _drafting(stats: AdaptiveState) -> bool:
+    """The request drafted in the last step, and not as a probe after a pause."""
+    return stats.off_steps == 0 and stats.last_size > 0 and not stats.probing
 
 
 def _copy_length(state) -> int:
