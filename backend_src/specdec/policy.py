@@ -18,7 +18,8 @@
   also drafted shallower and narrower), whichever N
   maximises the step's expected tokens per second under the measured cost of the one
   verify forward (B requests x N nodes) plus batched drafting, a tree only where it
-  beats plain steps by `SPECULATE_MARGIN`; the costs follow what serving measures.
+  beats plain steps by `SPECULATE_MARGIN` (by `KEEP_MARGIN` where the batch's requests
+  are drafting already); the costs follow what serving measures.
   Expected accepted tokens come from each request's recent acceptance at each tree
   size it drafted (`AdaptiveState`), starting from what served requests of its method
   accepted (`_served_estimate`: the prior measured at load, on other text, corrected
