@@ -626,10 +626,11 @@ class Engine:
                 top = [top_pairs(ids[j * K: (j + 1) * K] + lps[j * K: (j + 1) * K], K, s.req.top_log_probs)
                        for j in range(a + 1)]
             drafted = trees[b].num_nodes - 1
-            self._count(s, drafted, a, copy_alone=settings[b].method == "none")
+            drafter_off = settings[b].method == "none"  # drafts, if any, were a copy verified alone
+            self._count(s, drafted, a, copy_alone=drafter_off)
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs, top)
-            if settings[b].method != "none":  # (a copy verified alone says nothing of the drafter)
+            if not drafter_off:  # (a copy verified alone says nothing of the drafter)
                 self.policy.observe(s, drafted, a)
             if s.copy_offered:
                 self.policy.observe_copy(s, s.copy_offered, new_tokens[:-1])

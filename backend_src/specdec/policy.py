@@ -304,6 +304,8 @@ class SpeculationPolicy:
             stats = self._stats(states[i])
             if 0 < stats.off_steps < stats.backoff:
                 budgets[i] = 1  # stays off until its next probe
+            # the copy on offer: priced in a tree (`_planned_accept`) or alone (`_copies_alone`)
+            stats.copy_on_offer = _copy_length(states[i]) if stats.copies_taken else 0
         # The verify forward pads every tree to the largest, so what matters is the
         # batch's tree size N: every adaptive request gets min(its full tree, N), for N
         # from the largest full tree halving down to 2, or no tree (N = 1); the N with
@@ -313,8 +315,6 @@ class SpeculationPolicy:
             full = {i: budgets[i] for i in active}
             for i in active:
                 budgets[i] = 1
-                stats = self._stats(states[i])  # (only the planned requests' copies are priced)
-                stats.copy_on_offer = _copy_length(states[i]) if stats.copies_taken else 0
             best = self._best_size(states, budgets, full)
             for i in active:
                 budgets[i] = min(full[i], best)
@@ -398,13 +398,8 @@ class SpeculationPolicy:
         SPECULATE_MARGIN of the step's rate. Where the drafter's tree does not pay, its
         drafting (EAGLE-3 on chat; any drafter under load) does not have to be paid for
         a copy."""
-        offers = {}
-        for i in adaptive:
-            stats = self._stats(states[i])
-            if budgets[i] <= 1 and states[i].settings.lookup_tokens and stats.copies_taken:
-                stats.copy_on_offer = _copy_length(states[i])
-                if stats.copy_on_offer:
-                    offers[i] = stats.copy_on_offer
+        offers = {i: self._stats(states[i]).copy_on_offer for i in adaptive
+                  if budgets[i] <= 1 and self._stats(states[i]).copy_on_offer}
         if not offers:
             return {}
         tokens, cost = self._totals(states, budgets, {}, [])[1]
