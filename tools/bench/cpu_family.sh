@@ -14,9 +14,10 @@
 # small-trees  the same requests: plain decoding, EAGLE-3, EAGLE-2, Medusa and the draft
 #              model with 2-node trees (one drafted token) and 3-node trees (two), generate
 #              and prompt lookup
-# large-trees  the same requests: plain decoding, EAGLE-3 and EAGLE-2 with the EAGLE
-#              repository's default tree (EaModel.from_pretrained: total_token 60, depth 7,
-#              top_k 10), the size the papers' acceptance lengths were measured with
+# large-trees  the same requests: plain decoding, EAGLE-3 (with prompt lookup and without) and
+#              EAGLE-2 with the EAGLE repository's default tree (EaModel.from_pretrained:
+#              total_token 60, depth 7, top_k 10), the size the papers' acceptance lengths were
+#              measured with
 # tree-sizes   the same requests: plain decoding, EAGLE-3 and EAGLE-2 with trees of 3, 4, 8 and 16
 #              nodes, once as the engine routes CPU matmuls (MKL packs included) and once with
 #              SPECDEC_CPU_MKL_PACKS=0 (F.linear and oneDNN only), into latency_tree_sizes_*
@@ -90,7 +91,7 @@ for stage in "${stages[@]}"; do
         --compare none,eagle3@2,eagle3@3,eagle2@2,eagle2@3,medusa@2,medusa@3,draft_model@2,draft_model@3,hf,hf-prompt-lookup ;;
     large-trees)
       latency_on_every_set latency_large_tree --eagle-total-tokens 60 --eagle-depth 7 --eagle-top-k 10 \
-        --compare none,eagle3,eagle2 ;;
+        --compare none,eagle3,eagle3+nolookup,eagle2 ;;
     tree-sizes)
       sizes=none,eagle3@3,eagle3@4,eagle3@8,eagle3,eagle2@4,eagle2@8,eagle2
       latency_on_every_set latency_tree_sizes --eagle-total-tokens 16 --compare $sizes
