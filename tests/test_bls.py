@@ -3,6 +3,7 @@ steps, streams one response per response of speculative_decoding with the final 
 on the last, and a cancelled request stops the engine's request once (or never starts it)."""
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -206,3 +207,31 @@ def test_a_stream_notices_its_cancellation_at_its_next_response():
     models, reply = FakeModels(steps=5), CancelAfterTwo()
     BlsRequest(INPUTS, models, reply, "r").run()  # no watch
     assert models.stops == [(GENERATE_MODEL, "r")]
+
+
+class RecordingModels(FakeModels):
+    def stream(self, model, inputs, request_id, decoupled):
+        self.calls.append((model, inputs))
+        yield from super().stream(model, inputs, request_id, decoupled)
+
+
+def test_request_parameters_reach_both_steps_merged_into_sampling_parameters():
+    """A BLS call carries no request parameters, so the BLS hands its own on as vLLM's
+    `sampling_parameters` JSON, whose keys win over the parameters of the same name."""
+    models, reply = RecordingModels(), FakeReply()
+    sent = np.array([[json.dumps({"temperature": 0.5, "seed": 3}).encode()]], object)
+    BlsRequest({**INPUTS, "sampling_parameters": sent}, models, reply, "r",
+               parameters=json.dumps({"temperature": 0.9, "max_tokens": 7})).run()
+    assert not reply.failed and reply.sent[-1][1]
+    (_, pre), (_, generate) = models.calls[0], models.calls[1]
+    expected = {"temperature": 0.5, "max_tokens": 7, "seed": 3}
+    assert json.loads(pre["SAMPLING_PARAMETERS"].item()) == expected
+    assert json.loads(generate["sampling_parameters"].item()) == expected
+
+
+@pytest.mark.parametrize("parameters,field", [("[1, 2]", "request parameters"), ("{not json", "request parameters")])
+def test_parameters_that_are_not_a_json_object_are_a_400_before_any_call(parameters, field):
+    models, reply = RecordingModels(), FakeReply()
+    BlsRequest(INPUTS, models, reply, "r", parameters=parameters).run()
+    assert not models.calls and not reply.sent
+    assert len(reply.failed) == 1 and field in reply.failed[0][0] and reply.failed[0][1] == "INVALID_ARG"

@@ -61,8 +61,9 @@ def test_generate_stream_pieces_concatenate_to_the_generate_text(triton, exclude
     assert "".join(e["text_output"] for e in events) == whole["text_output"]
 
 
-def _grpc_stream(server, requests_inputs):
-    """Sends each request's inputs on one gRPC stream; returns [(texts, error)] per request."""
+def _grpc_stream(server, requests_inputs, parameters=None):
+    """Sends each request's inputs (and `parameters[n]`, its request parameters) on one gRPC
+    stream; returns [(texts, error)] per request."""
     import tritonclient.grpc as grpcclient
 
     results: queue.Queue = queue.Queue()
@@ -78,7 +79,8 @@ def _grpc_stream(server, requests_inputs):
                 tensor = grpcclient.InferInput(name, list(array.shape), dtype)
                 tensor.set_data_from_numpy(array)
                 inputs.append(tensor)
-            client.async_stream_infer("ensemble", inputs, request_id=str(n), enable_empty_final_response=True)
+            client.async_stream_infer("ensemble", inputs, request_id=str(n), enable_empty_final_response=True,
+                                      parameters=parameters[n] if parameters else None)
             texts, error = [], None
             while True:
                 result, err = results.get(timeout=120)
@@ -129,7 +131,6 @@ def test_grpc_wrong_datatype_names_the_field(triton):
 BAD_BODIES = [
     ({"text_input": "", "max_tokens": 4}, "text_input"),
     ({"max_tokens": 4}, "text_input"),
-    ({"text_input": "hi"}, "max_tokens"),
     ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
     ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
     ({"text_input": "hi", "max_tokens": LIMIT + 1}, "max_tokens"),
@@ -141,6 +142,14 @@ BAD_BODIES = [
     ({"text_input": "hi", "max_tokens": 4, "repetition_penalty": 0.0}, "repetition_penalty"),
     ({"text_input": "hi", "max_tokens": 4, "speculative_method": "magic"}, "speculative_method"),
     ({"text_input": "hi", "max_tokens": 4, "prompt_lookup_tokens": -1}, "prompt_lookup_tokens"),
+    # The generate endpoint makes a parameter named as an input into that input; the others
+    # (vLLM's stop) reach the models as request parameters.
+    ({"text_input": "hi", "parameters": {"max_tokens": 0}}, "max_tokens"),
+    ({"text_input": "hi", "parameters": {"stop": 5}}, "stop"),
+    ({"text_input": "hi", "sampling_parameters": "{not json"}, "sampling_parameters"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"top_p": 1.5})}, "top_p"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"seed": -1})}, "seed"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"max_tokens": 2.5})}, "max_tokens"),
 ]
 
 
@@ -156,7 +165,9 @@ def test_bad_input_is_a_400_naming_the_field_and_the_server_stays_ready(triton, 
 
 @pytest.mark.parametrize("body", [{"text_input": "hi", "max_tokens": "abc"},
                                   {"text_input": 7, "max_tokens": 4},
-                                  {"text_input": "hi", "max_tokens": 4, "stream": "yes"}])
+                                  {"text_input": "hi", "max_tokens": 4, "stream": "yes"},
+                                  {"text_input": "hi", "parameters": {"temperature": "hot"}},
+                                  {"text_input": "hi", "max_tokens": 4, "parameters": {"max_tokens": 9}}])
 def test_wrong_json_types_are_refused_and_the_server_stays_ready(triton, body):
     # Triton's generate endpoint refuses these before any model runs; its message does not
     # name the field (the gRPC path does, see test_grpc_wrong_datatype_names_the_field).
@@ -175,3 +186,50 @@ def test_stop_words_and_bad_words_are_accepted(triton):
     status, out = generate(triton, {"text_input": "hi", "max_tokens": 8, "stop_words": "foo,bar",
                                     "bad_words": ["x", "y,z"], "exclude_input_in_output": True})
     assert status == 200, out
+
+
+def test_vllms_curl_as_its_readme_writes_it(triton):
+    """vLLM's Triton backend README: no max_tokens (vLLM's default, 16, applies), the
+    settings as request parameters."""
+    status, out = generate(triton, {"text_input": "What is Triton Inference Server?",
+                                    "parameters": {"stream": False, "temperature": 0}})
+    assert status == 200, out
+    assert 1 <= int(np.asarray(out["num_output_tokens"]).reshape(-1)[0]) <= 16
+    assert out["text_output"].startswith("What is Triton Inference Server?")
+
+
+def test_settings_as_request_parameters_or_sampling_parameters_equal_the_same_inputs(triton):
+    """One seeded sampled request sent three ways gives one answer. Were the parameters
+    ignored it would be greedy and 16 tokens long (end_id -1: never stops early)."""
+    settings = {"max_tokens": 12, "temperature": 1.5, "top_k": 40, "seed": 11, "end_id": -1,
+                "exclude_input_in_output": True}
+    prompt = {"text_input": "Write a word about the sea:"}
+    answers = []
+    for body in ({**prompt, **settings}, {**prompt, "parameters": settings},
+                 {**prompt, "sampling_parameters": json.dumps(settings)}):
+        status, out = generate(triton, body)
+        assert status == 200, out
+        answers.append((out["text_output"], int(np.asarray(out["num_output_tokens"]).reshape(-1)[0])))
+    assert answers[0][1] == 12 and answers.count(answers[0]) == 3, answers
+    # gRPC request parameters (which no endpoint turns into inputs) reach the models as such;
+    # a sent input wins over a parameter of the same meaning
+    named = {"text_input": np.array([[prompt["text_input"].encode()]], dtype=object),
+             "stream": np.array([[True]])}
+    grpc = _grpc_stream(triton, [named, {**named, "max_tokens": np.array([[12]], np.int32)}, named],
+                        [settings, {**settings, "max_tokens": 3}, {**settings, "temperature": "hot"}])
+    for texts, error in grpc[:2]:
+        assert ("".join(texts), error) == (answers[0][0], None), grpc
+    assert "request parameter temperature" in grpc[2][1] and not grpc[2][0], grpc
+    status, greedy = generate(triton, {**prompt, **settings, "temperature": 0.0, "seed": 0})
+    assert status == 200 and greedy["text_output"] != answers[0][0]
+
+
+def test_grpc_sampling_parameters_as_vllms_client_sends_them(triton):
+    status, whole = generate(triton, {"text_input": "Once upon a time", "max_tokens": 10,
+                                      "exclude_input_in_output": True})
+    assert status == 200, whole
+    as_json = np.array([[json.dumps({"max_tokens": 10, "temperature": 0}).encode()]], dtype=object)
+    named = _inputs("Once upon a time", 1, sampling_parameters=as_json)
+    del named["max_tokens"]
+    answers = _grpc_stream(triton, [named])
+    assert answers[0][1] is None and "".join(answers[0][0]) == whole["text_output"]

@@ -389,9 +389,39 @@ def test_bls_answers_equal_the_ensembles(server, streaming, sampling):
     assert http["tensorrt_llm_bls"] == http["ensemble"]
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+def test_bls_takes_request_parameters_as_the_ensemble_does(server, tokenizer, streaming):
+    """A BLS call carries no request parameters: the BLS hands its own on in vLLM's
+    `sampling_parameters`. vLLM's `stop` (no input has that name) ends both answers early."""
+    named = end_to_end_client_inputs(["Count: one, two, three, four, five, six"], 1, streaming, end_id=-1,
+                                     exclude_input_in_output=True)
+    del named["max_tokens"], named["temperature"]
+    sampled = {"max_tokens": 12, "temperature": 0.9, "seed": 5}
+    answers = {model: _comparable(one_stream(server, model, named, parameters=sampled)) for model in ENTRIES}
+    assert answers["tensorrt_llm_bls"] == answers["ensemble"]
+    assert len(answers["ensemble"]) == (12 if streaming else 1)  # max_tokens 12, not the default 16
+    greedy = {"max_tokens": 12, "temperature": 0}
+    whole = texts(one_stream(server, "ensemble", named, parameters=greedy))
+    # A stop word: a token's text from the answer (retokenized, the answer's ids may differ,
+    # so the first few that end the answer early will do). Each answer stays a prefix.
+    ids = tokenizer.encode(whole, add_special_tokens=False)
+    words = [w for w in dict.fromkeys(tokenizer.decode([i]) for i in ids[2:]) if w.strip()][:6]
+    for stop in words:
+        stopped = {model: texts(one_stream(server, model, named, parameters={**greedy, "stop": stop}))
+                   for model in ENTRIES}
+        assert stopped["tensorrt_llm_bls"] == stopped["ensemble"] and whole.startswith(stopped["ensemble"])
+        if len(stopped["ensemble"]) < len(whole):
+            assert stopped["ensemble"].endswith(stop), (stop, stopped, whole)
+            break
+    else:
+        pytest.fail(f"no stop word of {words} ended {whole!r} early")
+
+
 @pytest.mark.parametrize("body,field", [({"max_tokens": 4}, "text_input"),
                                         ({"text_input": "hi", "max_tokens": 4, "temperature": -1.0}, "temperature"),
-                                        ({"text_input": "hi", "max_tokens": LONG + 1}, "max_tokens")])
+                                        ({"text_input": "hi", "max_tokens": LONG + 1}, "max_tokens"),
+                                        ({"text_input": "hi", "parameters": {"stop": 5}}, "stop"),
+                                        ({"text_input": "hi", "sampling_parameters": "[1]"}, "sampling_parameters")])
 def test_bls_errors_name_the_field(server, body, field):
     status, out = generate(server, "tensorrt_llm_bls", body)
     assert status == 400 and field in out["error"], out

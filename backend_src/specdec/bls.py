@@ -22,12 +22,16 @@ request; tests pass fakes. Tensors are `name -> numpy array` dicts throughout.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol
 
 import numpy as np
+
+from .errors import InputError
+from .request_parameters import SAMPLING_PARAMETERS, parse_parameters
 
 Tensors = dict[str, np.ndarray]
 
@@ -48,7 +52,8 @@ _PASSED = ("temperature", "seed", "min_tokens", "min_length", "repetition_penalt
            "frequency_penalty", "beam_width", "num_return_sequences", "exclude_input_in_output",
            "return_log_probs", "return_perf_metrics", "return_context_logits", "return_generation_logits",
            "speculative_method", "speculative_choices", "eagle_depth", "eagle_top_k", "eagle_total_tokens",
-           "num_draft_tokens", "prompt_lookup_tokens")  # BLS inputs sent to speculative_decoding under the same name
+           "num_draft_tokens", "prompt_lookup_tokens",
+           "sampling_parameters")  # BLS inputs sent to speculative_decoding under the same name
 _METRICS = ("cum_log_probs", "output_log_probs", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
             "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
@@ -59,7 +64,8 @@ STEPS = (
     Step("preprocessing",
          {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
           "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
-          "EMBEDDING_BIAS_WORDS": "embedding_bias_words", "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights"},
+          "EMBEDDING_BIAS_WORDS": "embedding_bias_words", "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights",
+          "SAMPLING_PARAMETERS": "sampling_parameters"},
          {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
           "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
           "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID", "EMBEDDING_BIAS": "_EMBEDDING_BIAS"}),
@@ -159,6 +165,9 @@ class BlsRequest:
     request_id: str  # the id its speculative_decoding call carries (RequestIds)
     decoupled: bool = True
     generate_model: str = GENERATE_MODEL
+    # The request's own parameters (a JSON object string): a BLS call carries none, so they
+    # travel to preprocessing and speculative_decoding merged into `sampling_parameters`.
+    parameters: Optional[str] = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _cancelled: bool = field(default=False, init=False)
     _generating: bool = field(default=False, init=False)  # the speculative_decoding request may run
@@ -172,6 +181,8 @@ class BlsRequest:
         except ModelError as e:
             self.cancel()
             self.reply.fail(str(e), e.code)
+        except InputError as e:  # its parameters, read before any call
+            self.reply.fail(str(e), "INVALID_ARG")
         except Exception as e:  # a bug, a send that failed: the client still gets its final response
             self.cancel()
             self.reply.fail(f"tensorrt_llm_bls: internal error: {type(e).__name__}: {e}", "INTERNAL")
@@ -182,6 +193,9 @@ class BlsRequest:
     def _run(self) -> None:
         pre, generate, post = STEPS
         tensors = dict(self.inputs)
+        settings = parse_parameters(self.parameters, tensors.get(SAMPLING_PARAMETERS)) if self.parameters else {}
+        if settings:
+            tensors[SAMPLING_PARAMETERS] = np.array([[json.dumps(settings).encode("utf-8")]], dtype=np.object_)
         take_outputs(pre, self.models.call(pre.model, step_inputs(pre, tensors)), tensors)
         rows, finished = _rows(tensors), 0
         with self._lock:

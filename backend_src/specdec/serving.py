@@ -49,14 +49,19 @@ def is_stop_request(get: Getter) -> bool:
     return _first(get, ("stop",), "bool", False)
 
 
-def batch_rows(get: Getter) -> list[Getter]:
-    """One getter per batch entry of a request (TensorRT-LLM's batch size > 1): `input_ids`
-    `[N, L]` makes N entries (`[L]`, with `max_batch_size: 0`, one)."""
+def batch_entries(get: Getter) -> int:
+    """How many batch entries a request holds (TensorRT-LLM's batch size > 1): `input_ids`
+    `[N, L]` makes N (`[L]`, with `max_batch_size: 0`, one)."""
     ids = get("input_ids")
     validate_that(ids is not None, "input_ids is required")
     n = ids.shape[0] if ids.ndim == 2 else 1
     validate_that(n >= 1, "input_ids holds no batch entry (shape [0, L])")
-    return row_getters(get, n)
+    return n
+
+
+def batch_rows(get: Getter) -> list[Getter]:
+    """One getter per batch entry of a request (`batch_entries`)."""
+    return row_getters(get, batch_entries(get))
 
 
 def trtllm_sampling(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float]

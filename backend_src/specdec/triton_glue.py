@@ -43,6 +43,13 @@ def input_reader(pb_utils: Any, request) -> Callable[[str], np.ndarray | None]:
     return get
 
 
+def request_parameters(request) -> str | None:
+    """The request's parameters as the backend gives them (a JSON object string); None on
+    a Python backend that predates them."""
+    read = getattr(request, "parameters", None)
+    return None if read is None else read()
+
+
 def respond_each(pb_utils: Any, requests, outputs_of: Callable[[Any], Sequence]) -> list:
     """One `InferenceResponse` per request, with `outputs_of(request)`'s tensors; a request
     whose inputs raise `InputError` gets an INVALID_ARG (HTTP 400) response of its own and

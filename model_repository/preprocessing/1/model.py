@@ -1,6 +1,11 @@
 """Triton `preprocessing`: text → token ids, word strings → TensorRT-LLM word lists,
 bias words → a dense `EMBEDDING_BIAS` (`specdec.logit_bias`).
 
+Settings may also come as request parameters or in vLLM's `SAMPLING_PARAMETERS` JSON
+(`specdec.request_parameters`): `max_tokens`, `stop_words` (or vLLM's `stop`), `bad_words`,
+`end_id`, `pad_id`. Without any, `max_tokens` is the `default_max_tokens` parameter
+(vLLM's 16 by default; empty: max_tokens is required).
+
 Thin adapter: reads the tokenizer once; per request converts tensors and routes any
 `InputError` to a Triton INVALID_ARG error for that request only. A request of N
 batch entries (TensorRT-LLM's batch size > 1: `text_input` `[N, 1]`) gives `[N, ...]`
@@ -22,11 +27,13 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specdec.errors import validate_that
+from specdec.bls import STEPS
+from specdec.errors import ConfigError, validate_that
 from specdec.logit_bias import embedding_bias
-from specdec.model_config import flag, load_tokenizer
+from specdec.model_config import flag, load_tokenizer, param
+from specdec.request_parameters import ParameterInputs, parse_parameters, setting_names
 from specdec.tensors import row_getters, scalar, strings
-from specdec.triton_glue import input_reader, respond_each
+from specdec.triton_glue import input_reader, request_parameters, respond_each
 from specdec.wordlist import encode_words, split_words, stack_word_lists, to_word_list
 
 _FIELDS = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
@@ -45,6 +52,11 @@ class TritonPythonModel:
         self.default_end_id = -1 if eos is None else int(eos)
         self.default_pad_id = int(pad) if pad is not None else self.default_end_id
         self.vocab_size = len(self.tokenizer)
+        self.settings = ParameterInputs.from_config(config, setting_names(STEPS[0].input_map))
+        default = param(config, "default_max_tokens", "").strip()
+        if default and not (default.isdigit() and int(default) >= 1):
+            raise ConfigError(f"parameter 'default_max_tokens' must be an integer >= 1 or empty, got {default!r}")
+        self.default_max_tokens = int(default) if default else None
 
     def _encode_word(self, word: str) -> list[int]:
         return self.tokenizer.encode(word, add_special_tokens=False)
@@ -52,10 +64,10 @@ class TritonPythonModel:
     def _row(self, get) -> dict:
         """One batch entry's outputs (unstacked)."""
         validate_that(get("QUERY") is not None, "text_input is required")
-        validate_that(get("REQUEST_OUTPUT_LEN") is not None, "max_tokens is required")
         query = scalar(get("QUERY"), "text_input", "str")
         validate_that(query.strip() != "", "text_input must not be empty")
-        max_tokens = scalar(get("REQUEST_OUTPUT_LEN"), "max_tokens", "int")
+        max_tokens = scalar(get("REQUEST_OUTPUT_LEN"), "max_tokens", "int", self.default_max_tokens)
+        validate_that(max_tokens is not None, "max_tokens is required (as an input or a request parameter)")
         validate_that(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
         input_ids = self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
         weights = get("EMBEDDING_BIAS_WEIGHTS")
@@ -78,6 +90,7 @@ class TritonPythonModel:
 
         query = get("QUERY")
         n = query.shape[0] if query is not None and query.ndim == 2 else 1
+        get = self.settings.getter(get, parse_parameters(request_parameters(request), get("SAMPLING_PARAMETERS")), n)
         rows = [self._row(get_row) for get_row in row_getters(get, n, lambda name: _FIELDS.get(name, name))]
         ids = np.zeros((n, max(len(r["INPUT_ID"]) for r in rows)), dtype=np.int32)  # padding: never read
         for i, r in enumerate(rows):

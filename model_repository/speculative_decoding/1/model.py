@@ -13,6 +13,8 @@ TensorRT-LLM's `stop` requests → `Engine.cancel`.
   all of them finished, and returns one response each (one batch entry each).
 - `stop: true` with a request_id ends every running request of that id (TensorRT-LLM's
   `tensorrt_llm` model does the same) and is answered by an empty final response.
+- Settings sent as request parameters or in vLLM's `sampling_parameters` JSON count where
+  their inputs were not sent, under the ensemble's names (`specdec.request_parameters`).
 `InputError` → INVALID_ARG (HTTP 400), `BusyError` (engine queue full) → UNAVAILABLE
 (HTTP 503); the model stays READY.
 - Metrics: the engine's per-method counters become Triton custom metrics on the
@@ -39,15 +41,17 @@ from typing import Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from specdec.bls import STEPS
 from specdec.config import EngineConfig
 from specdec.engine import Engine
 from specdec.errors import BusyError, InputError
 from specdec.metrics import COUNTERS, CounterExport, metric_labels
 from specdec.model_config import flag, is_decoupled, string_params
 from specdec.request import METHODS, StepOutput
-from specdec.serving import (BatchAnswer, ResponseBuilder, batch_rows, build_request, is_stop_request,
-                             refuse_batch)
-from specdec.triton_glue import input_reader, triton_error
+from specdec.request_parameters import SAMPLING_PARAMETERS, ParameterInputs, parse_parameters, setting_names
+from specdec.serving import (BatchAnswer, ResponseBuilder, batch_entries, batch_rows, build_request,
+                             is_stop_request, refuse_batch)
+from specdec.triton_glue import input_reader, request_parameters, triton_error
 
 ADAPTER_PARAMS = ("exclude_input_in_output",)
 CANCEL_POLL_S = 0.2
@@ -84,6 +88,7 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.decoupled = is_decoupled(config)
         self.exclude_input_default = flag(config, "exclude_input_in_output", False)
+        self.settings = ParameterInputs.from_config(config, setting_names(STEPS[1].input_map))
         params = {k: v for k, v in string_params(config).items() if k not in ADAPTER_PARAMS}
         # device "cuda" without an index: each instance on the GPU Triton gave it.
         if params.get("device", "").strip() == "cuda" and args.get("model_instance_kind") == "GPU":
@@ -130,7 +135,8 @@ class TritonPythonModel:
             if is_stop_request(get):
                 self._stop_requests(pending)
             else:
-                self._submit(pending, get)
+                settings = parse_parameters(request_parameters(request), get(SAMPLING_PARAMETERS))
+                self._submit(pending, self.settings.getter(get, settings, batch_entries(get)))
         except InputError as e:
             self._fail(pending, _error(str(e)))
         except BusyError as e:

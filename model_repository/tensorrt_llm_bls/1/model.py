@@ -31,7 +31,7 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.bls import GENERATE_MODEL, BlsRequest, CancelWatch, ModelError, RequestIds, Tensors
 from specdec.model_config import is_decoupled, param
-from specdec.triton_glue import error_code_name, triton_error
+from specdec.triton_glue import error_code_name, request_parameters, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -145,7 +145,8 @@ class TritonPythonModel:
         # Copied: the worker outlives execute(), and with it the request's input buffers.
         inputs = {tensor.name(): np.array(tensor.as_numpy(), copy=True) for tensor in request.inputs()}
         return BlsRequest(inputs, self.models, reply, self.ids.next(request.request_id()),
-                          decoupled=self.decoupled, generate_model=self.generate_model)
+                          decoupled=self.decoupled, generate_model=self.generate_model,
+                          parameters=request_parameters(request))
 
     def execute(self, requests):
         if not self.decoupled:
