@@ -19,6 +19,9 @@ BROKEN = {  # model → (parameter edit, expected message)
                                        "parameter 'dtype' must be one of"),
     "speculative_decoding_leftover": ("speculative_decoding", "dtype", "${dtype}",
                                       "parameter 'dtype' still holds a template placeholder"),
+    "preprocessing_bad_default": ("preprocessing", "default_max_tokens", "many",
+                                  "parameter 'default_max_tokens' must be an integer >= 1 or empty"),
+    "preprocessing_unbatched": ("preprocessing", None, None, "max_batch_size must be >= 1"),
 }
 
 
@@ -26,7 +29,11 @@ def _copy_model(repo, source: str, name: str, edit=None):
     shutil.copytree(repo / source, repo / name)
     config = repo / name / "config.pbtxt"
     text = config.read_text().replace(f'name: "{source}"', f'name: "{name}"')
-    if edit:
+    if edit == (None, None):  # unbatched: vLLM's models are; these entries are not
+        text, count = re.subn(r"(?m)^max_batch_size: \d+$", "max_batch_size: 0", text)
+        text = re.sub(r"(?s)dynamic_batching \{.*?\n\}\n", "", text)
+        assert count == 1
+    elif edit:
         key, value = edit
         text, count = re.subn(rf'(key: "{key}" value: {{ string_value: ")[^"]*(")', rf"\g<1>{value}\g<2>", text)
         assert count == 1

@@ -45,6 +45,10 @@ _FIELDS = {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
+        if int(config.get("max_batch_size", 0)) < 1:  # its outputs carry the batch dimension the others expect
+            raise ConfigError(f"max_batch_size must be >= 1 (the template's triton_max_batch_size), got "
+                              f"{config.get('max_batch_size', 0)}: the entries take [1, 1] per request, "
+                              f"as TensorRT-LLM's do")
         self.tokenizer = load_tokenizer(config)
         self.add_special_tokens = flag(config, "add_special_tokens", True)
         eos = self.tokenizer.eos_token_id
