@@ -150,6 +150,7 @@ BAD_BODIES = [
     ({"text_input": "hi", "sampling_parameters": json.dumps({"top_p": 1.5})}, "top_p"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"seed": -1})}, "seed"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"max_tokens": 2.5})}, "max_tokens"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"n": 2})}, "num_return_sequences"),
 ]
 
 

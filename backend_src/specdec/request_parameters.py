@@ -41,7 +41,8 @@ LITERAL_WORDS = ("stop",)
 SAMPLING_PARAMETERS = "sampling_parameters"  # the ensemble's input (preprocessing's SAMPLING_PARAMETERS)
 # Ensemble inputs that are not settings: the text, and lists of numbers (a parameter is one value).
 _NOT_SETTINGS = ("text_input", "embedding_bias_words", "embedding_bias_weights", SAMPLING_PARAMETERS)
-_ALIASES = {"stop_words": ("stop",)}  # vLLM's names for the same settings
+# vLLM's names for the same settings: its `n` answers per prompt meets the same refusal above 1
+_ALIASES = {"stop_words": ("stop",), "num_return_sequences": ("n",)}
 
 
 def setting_names(input_map: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
