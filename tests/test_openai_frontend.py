@@ -10,6 +10,7 @@ which is all a protocol test needs.
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -148,6 +149,25 @@ def test_streamed_text_equals_non_streamed_at_temperature_0(served, name, call):
     assert whole[0] and streamed == whole
     text, finish, usage = whole
     assert finish in ("stop", "length") and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_sglangs_generate_answers_as_the_completions_endpoint(served):
+    """SGLang's native /generate, on the first served model, streamed and not, equals
+    /v1/completions at temperature 0 (SGLang's sampling defaults to temperature 1)."""
+    model, client = served.models[0], served.client()
+    text, finish, usage = _complete(client, model, False, max_tokens=12, temperature=0)
+    url = served.url.removesuffix("/v1") + "/generate"
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+    whole = requests.post(url, json=body, timeout=120).json()
+    assert whole["text"] == text, (whole, text)
+    meta = whole["meta_info"]
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (usage.prompt_tokens, usage.completion_tokens)
+    assert meta["finish_reason"]["type"] == finish  # "length" or "stop", as OpenAI's
+    r = requests.post(url, json={**body, "stream": True}, timeout=120)
+    events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["text"] == text and {**last["meta_info"], "id": meta["id"]} == meta
 
 
 @pytest.mark.parametrize("call", [_chat, _complete], ids=["chat", "completions"])

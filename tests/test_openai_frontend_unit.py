@@ -815,3 +815,59 @@ def test_readiness_is_seen_soon_after_a_slow_server_comes_up():
             await server.stop(None)
 
     assert asyncio.run(scenario()) < 2.5
+
+
+# -- SGLang's /generate ------------------------------------------------------------------------
+def test_sglang_generate_answers_in_sglangs_shape(front_tokenizer):
+    import requests
+
+    texts = {10: "alpha beta gamma", 11: "one two", 12: "red green"}
+    frontend = make_frontend(front_tokenizer, scripted_by_seed(front_tokenizer, texts))
+    with serving(frontend) as url:
+        params = {"max_new_tokens": 40, "temperature": 0.5, "top_k": -1, "sampling_seed": 10, "stop": " gamma"}
+        one = requests.post(url + "/generate", json={"text": "Say:", "sampling_params": params}, timeout=10).json()
+        assert one["text"] == "alpha beta" and set(one) == {"text", "meta_info"}
+        meta = one["meta_info"]
+        assert meta["finish_reason"] == {"type": "stop", "matched": " gamma"}
+        assert meta["prompt_tokens"] == len(front_tokenizer.prompt_ids("Say:", templated=False))
+        assert meta["completion_tokens"] == len(front_tokenizer.hf.encode("alpha beta gamma", add_special_tokens=False))
+        sent = frontend.client.requests[-1]  # SGLang's names reached the model as its inputs
+        assert (sent["request_output_len"].item(), sent["random_seed"].item()) == (40, 10)
+        assert sent["temperature"].item() == pytest.approx(0.5) and sent["runtime_top_k"].item() == 0
+        # a list of prompts, n answers each, one rid per answer; a length-limited answer says so
+        ids = front_tokenizer.hf.encode("Count:", add_special_tokens=False)
+        many = requests.post(url + "/generate", json={
+            "input_ids": [ids, ids], "rid": ["a", "b", "c", "d"],
+            "sampling_params": {"max_new_tokens": 2, "n": 2, "sampling_seed": 11}}, timeout=10).json()
+        assert [m["meta_info"]["id"] for m in many] == ["a", "b", "c", "d"]
+        assert [m["text"] for m in many] == ["one two", "red green"] * 2
+        assert all(m["meta_info"]["finish_reason"] == {"type": "length", "length": 2} for m in many)
+        # defaults: SGLang's 128 new tokens, here the server's limit of 64
+        requests.post(url + "/generate", json={"text": "hi", "sampling_params": {"sampling_seed": 12}}, timeout=10)
+        assert frontend.client.requests[-1]["request_output_len"].item() == 64
+
+
+def test_sglang_generate_streams_the_text_so_far_and_names_bad_fields(front_tokenizer):
+    import requests
+
+    frontend = make_frontend(front_tokenizer, scripted_by_seed(front_tokenizer, {10: "alpha beta gamma"}))
+    with serving(frontend) as url:
+        r = requests.post(url + "/generate", json={"text": "Say:", "stream": True,
+                                                   "sampling_params": {"max_new_tokens": 40, "sampling_seed": 10}},
+                          timeout=10)
+        events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+        assert r.headers["Content-Type"].startswith("text/event-stream") and events[-1] == "[DONE]"
+        bodies = [json.loads(e) for e in events[:-1]]
+        assert [b["text"] for b in bodies] == ["alpha", "alpha beta", "alpha beta gamma", "alpha beta gamma"]
+        assert [b["meta_info"]["finish_reason"] for b in bodies[:-1]] == [None] * 3
+        assert bodies[-1]["meta_info"]["finish_reason"]["type"] == "stop"  # the end of the script, not the limit
+        for body, param in (({"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+                            ({"text": "hi", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+                            ({"text": "hi", "input_ids": [1]}, "text"),
+                            ({"input_ids": "hi"}, "input_ids"),
+                            ({"text": "hi", "sampling_params": [{}]}, "sampling_params"),
+                            ({"text": ["a", "b"], "rid": "one"}, "rid")):
+            for stream in (False, True):
+                answer = requests.post(url + "/generate", json={**body, "stream": stream}, timeout=10)
+                assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (body, answer.text)
+                assert answer.json()["error"]["message"].startswith(param + ":")

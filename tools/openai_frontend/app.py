@@ -7,6 +7,7 @@ Server-Sent Events. Everything else is `service.Frontend`'s.
     POST /v1/completions
     POST /v1/chat/completions    stream: true answers `data: {chunk}` events, then `data: [DONE]`
     POST /tokenize, /detokenize  vLLM's: a prompt (or chat messages) to token ids and back
+    POST /generate               SGLang's native endpoint (`sglang.py`), on the first model
 
 The server runs with aiohttp's handler cancellation: a client that disconnects
 cancels its handler task, and the generation's gRPC stream is closed on the way out,
@@ -21,6 +22,7 @@ from typing import AsyncIterator, Optional
 
 from aiohttp import web
 
+from . import sglang
 from .protocol import CHAT, COMPLETIONS, OpenAIError, parse_request
 from .service import Frontend
 
@@ -113,6 +115,15 @@ def generation_handler(endpoint: str):
     return handle
 
 
+async def sglang_generate(request: web.Request) -> web.StreamResponse:
+    frontend = request.app[FRONTEND_KEY]
+    gen, batched, rids = sglang.parse_generate(await _json_body(request), frontend.names[0],
+                                               min(sglang.MAX_NEW_TOKENS, frontend.default_max_tokens))
+    if not gen.stream:
+        return web.json_response(await sglang.answer(frontend, gen, batched, rids), dumps=_dumps)
+    return await _stream(request, sglang.events(frontend, gen, rids))
+
+
 async def _stream(request: web.Request, chunks: AsyncIterator[dict]) -> web.StreamResponse:
     """Server-Sent Events. An error before the first chunk is an ordinary HTTP error; one
     after it is sent as a `data: {"error": ...}` event before `[DONE]`."""
@@ -147,4 +158,5 @@ def create_app(frontend: Frontend, api_key: Optional[str] = None) -> web.Applica
     app.router.add_post("/v1/chat/completions", generation_handler(CHAT))
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/generate", sglang_generate)
     return app

@@ -394,6 +394,11 @@ class Frontend:
             offset += len(entries[-1].token)
         return entries
 
+    def deltas(self, gen: Generation) -> AsyncIterator[Delta]:
+        """Every choice's pieces as they come (SGLang's endpoint shapes its own answers
+        from them); a refused request raises here, before any. The caller closes it."""
+        return self._deltas(self.prepare(gen))
+
     def _deltas(self, calls: list[Call]) -> AsyncIterator[Delta]:
         if len(calls) == 1:
             return self._choice(calls[0])
