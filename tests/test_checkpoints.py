@@ -255,6 +255,14 @@ def test_medusa_layout(tmp_path, file_name):
         for j in range(L):
             h = h + F.silu(h @ sd[f"{i}.{j}.linear.weight"].T + sd[f"{i}.{j}.linear.bias"])
         assert torch.allclose(out[i], h @ sd[f"{i}.{L}.weight"].T, atol=1e-5)
+    # cut at load: the heads equal the full ones cut afterwards, parameter for parameter
+    rows = torch.randperm(V)[:7]
+    cut = MedusaHeads.from_pretrained(d, H, V, rows=rows)
+    heads.keep_rows(rows)
+    assert torch.equal(cut.rows, heads.rows) and cut.state_dict().keys() == heads.state_dict().keys()
+    for (name, a), b in zip(cut.state_dict().items(), heads.state_dict().values()):
+        assert a.shape == b.shape and torch.equal(a, b), name
+    assert not any(p.is_meta for p in cut.parameters())
 
 
 def test_wrong_head_checkpoint_is_a_config_error(tmp_path, base_dir):

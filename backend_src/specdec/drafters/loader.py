@@ -58,10 +58,10 @@ def load_drafters(config: EngineConfig, target: LlamaModel, max_len: int, slots:
             out.drafters["eagle3"] = EagleDrafter(head3, target, slots, max_len,
                                                    _score_temperature(config, config.eagle3_dir))
         if config.medusa_dir:
+            vocabulary = draft_vocab(config.medusa_dir, "medusa_dir", target.shape.vocab_size)
             heads = MedusaHeads.from_pretrained(config.medusa_dir, target.shape.hidden_size,
-                                                target.shape.vocab_size, dtype, device)
-            out.drafters["medusa"] = MedusaDrafter(
-                heads, draft_vocab(config.medusa_dir, "medusa_dir", target.shape.vocab_size))
+                                                target.shape.vocab_size, dtype, device, rows=vocabulary)
+            out.drafters["medusa"] = MedusaDrafter(heads, vocabulary)
             out.medusa_heads = len(heads)
             out.trees["medusa"] = _tree(config.medusa_choices, "medusa_choices", len(heads))
         if config.draft_model_dir:

@@ -38,7 +38,9 @@ class MedusaDrafter:
         self.heads = heads
         self.vocab_ids: Optional[torch.Tensor] = None
         if draft_vocab is not None:
-            heads.keep_rows(draft_vocab)
+            if heads.rows is None:  # cut at load (`MedusaHeads.from_pretrained(rows=)`) or here
+                heads.keep_rows(draft_vocab)
+            assert torch.equal(heads.rows.cpu(), draft_vocab.to(dtype=torch.long).cpu()), "heads cut to other rows"
             self.vocab_ids = draft_vocab.to(device=heads[0][-1].weight.device, dtype=torch.long)
 
     def _top(self, hidden: torch.Tensor, k: int) -> torch.Tensor:

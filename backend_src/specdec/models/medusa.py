@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ class MedusaHeads(nn.ModuleList):
             for _ in range(num_heads)
         )
         self.num_layers = num_layers
+        self.rows: Optional[torch.Tensor] = None  # [K] the token ids the projections kept; None: every token
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [..., H] -> logits [num_heads, ..., V] float32."""
@@ -58,20 +60,36 @@ class MedusaHeads(nn.ModuleList):
                              device=full.weight.device, dtype=full.weight.dtype)
             rows.weight = nn.Parameter(vocabulary_rows(full.weight, token_ids)[1], requires_grad=False)
             head[-1] = rows
+        self.rows = token_ids.to(dtype=torch.long)
 
     @staticmethod
     def from_pretrained(directory: str | Path, hidden: int, vocab: int, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> "MedusaHeads":
+                        device: str | torch.device = "cpu", rows: Optional[torch.Tensor] = None) -> "MedusaHeads":
+        """The heads in `directory`; with `rows` ([K] token ids, a drafting vocabulary)
+        as `keep_rows(rows)` leaves them, cut as each projection is read: the full [V, H]
+        projections never exist in `dtype` (on SmolLM2, 4 x 113 MB in float32)."""
         cfg = read_config(directory)
         if "medusa_num_heads" not in cfg:
             raise ConfigError(f"{str(directory)!r}: config.json has no 'medusa_num_heads'")
-        heads = MedusaHeads(hidden, vocab, cfg["medusa_num_heads"], cfg.get("medusa_num_layers", 1))
+        with torch.device("meta"):  # shapes only: every parameter is then assigned from the file
+            heads = MedusaHeads(hidden, vocab, cfg["medusa_num_heads"], cfg.get("medusa_num_layers", 1))
         state = load_state_dict(directory, names=WEIGHT_FILES)
-        missing, unexpected = heads.load_state_dict(state, strict=False)
+        if rows is not None:
+            for i, head in enumerate(heads):
+                key = f"{i}.{heads.num_layers}.weight"
+                if key in state and tuple(state[key].shape) == (vocab, hidden):
+                    state[key] = vocabulary_rows(state[key], rows)[1]
+                    with torch.device("meta"):
+                        head[-1] = nn.Linear(hidden, len(rows), bias=False)
+        missing, unexpected = heads.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
             raise ConfigError(f"{str(directory)!r} is not a Medusa checkpoint for hidden {hidden}, vocab {vocab} "
                               f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-        return heads.to(device=device, dtype=dtype).eval()
+        del state
+        heads = heads.to(device=device, dtype=dtype).eval()
+        if rows is not None:
+            heads.rows = rows.to(dtype=torch.long)
+        return heads
 
     def save_pretrained(self, directory: str | Path, config: dict, dtype=torch.float16) -> None:
         directory = Path(directory)
