@@ -253,3 +253,9 @@ def test_load_footprint_loads_medusa_with_and_without_its_drafting_vocabulary(tm
     heads = json.loads((FAMILY / "medusa" / "config.json").read_text())["medusa_num_heads"]
     base = json.loads((FAMILY / "base" / "config.json").read_text())
     assert full - kept == heads * (base["vocab_size"] - 32) * base["hidden_size"]  # 32 of the rows kept
+    # the heads alone, cut as they load and loaded whole: the same parameters either way
+    assert load_footprint.main(["--family", str(family), "--repeats", "1", "--heads-only",
+                                "--markdown", str(report)]) == 0
+    counts = [int(line.split(" | ")[3].strip(" |").replace(",", ""))
+              for line in report.read_text().splitlines() if line.startswith("| heads alone")]
+    assert counts == [kept, kept]
