@@ -206,8 +206,9 @@ def test_settings_as_request_parameters_or_sampling_parameters_equal_the_same_in
                 "exclude_input_in_output": True}
     prompt = {"text_input": "Write a word about the sea:"}
     answers = []
+    vllm = {**{k: v for k, v in settings.items() if k != "end_id"}, "ignore_eos": True}  # vLLM's name for it
     for body in ({**prompt, **settings}, {**prompt, "parameters": settings},
-                 {**prompt, "sampling_parameters": json.dumps(settings)}):
+                 {**prompt, "sampling_parameters": json.dumps(vllm)}):
         status, out = generate(triton, body)
         assert status == 200, out
         answers.append((out["text_output"], int(np.asarray(out["num_output_tokens"]).reshape(-1)[0])))

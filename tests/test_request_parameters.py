@@ -38,6 +38,12 @@ def test_sampling_parameters_win_over_request_parameters_and_null_means_not_sent
                               _sampling({"temperature": 0.5, "top_k": None, "seed": 3}))
     assert values == {"temperature": 0.5, "max_tokens": 7, "seed": 3}
     assert parse_parameters(None, None) == {} and parse_parameters("{}", None) == {}
+    # vLLM's ignore_eos is TensorRT-LLM's end_id -1; an end_id sent beside it wins
+    assert parse_parameters('{"ignore_eos": true}', None) == {"end_id": -1}
+    assert parse_parameters(None, _sampling({"ignore_eos": "true", "end_id": 5})) == {"end_id": 5}
+    assert parse_parameters('{"ignore_eos": false}', None) == {}
+    with pytest.raises(InputError, match="request parameter ignore_eos"):
+        parse_parameters('{"ignore_eos": 1}', None)
 
 
 @pytest.mark.parametrize("request_parameters,sampling,field", [

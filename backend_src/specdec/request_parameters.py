@@ -10,7 +10,8 @@ reads the ones that stand for its own inputs.
 
 Owns:
 - parsing both into one `{name: value}`; a key of `sampling_parameters` wins over the same
-  request parameter, and a JSON `null` means "not sent";
+  request parameter, a JSON `null` means "not sent", and vLLM's `ignore_eos: true` is
+  `end_id` -1;
 - turning a value into the array its input tensor would have held (`[rows, 1]`, or
   `[rows, k]` for strings), with an `InputError` that names the parameter;
 - a getter that falls back on them for the inputs a request did not send.
@@ -61,7 +62,10 @@ def parse_parameters(request_parameters: Optional[str], sampling_parameters: Opt
     if sampling_parameters is not None:
         text = scalar(sampling_parameters, SAMPLING_PARAMETERS, "str")
         values.update(_json_object(text, SAMPLING_PARAMETERS))
-    return {name: value for name, value in values.items() if value is not None}
+    values = {name: value for name, value in values.items() if value is not None}
+    if "ignore_eos" in values and _flag(values.pop("ignore_eos"), "ignore_eos") and "end_id" not in values:
+        values["end_id"] = -1  # vLLM's ignore_eos: TensorRT-LLM's end_id -1, never stop at an end token
+    return values
 
 
 def _json_object(text: str, field: str) -> dict[str, Any]:
