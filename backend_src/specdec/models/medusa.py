@@ -56,8 +56,8 @@ class MedusaHeads(nn.ModuleList):
         float32)."""
         for head in self:
             full = head[-1]
-            rows = nn.Linear(full.in_features, len(token_ids), bias=False,
-                             device=full.weight.device, dtype=full.weight.dtype)
+            with torch.device("meta"):  # no random init of weights replaced at once
+                rows = nn.Linear(full.in_features, len(token_ids), bias=False)
             rows.weight = nn.Parameter(vocabulary_rows(full.weight, token_ids)[1], requires_grad=False)
             head[-1] = rows
         self.rows = token_ids.to(dtype=torch.long)
@@ -66,30 +66,22 @@ class MedusaHeads(nn.ModuleList):
     def from_pretrained(directory: str | Path, hidden: int, vocab: int, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu", rows: Optional[torch.Tensor] = None) -> "MedusaHeads":
         """The heads in `directory`; with `rows` ([K] token ids, a drafting vocabulary)
-        as `keep_rows(rows)` leaves them, cut as each projection is read: the full [V, H]
-        projections never exist in `dtype` (on SmolLM2, 4 x 113 MB in float32)."""
+        cut by `keep_rows(rows)` while they still hold the file's tensors, so the full
+        [V, H] projections never exist in `dtype` (on SmolLM2, 4 x 113 MB in float32)."""
         cfg = read_config(directory)
         if "medusa_num_heads" not in cfg:
             raise ConfigError(f"{str(directory)!r}: config.json has no 'medusa_num_heads'")
         with torch.device("meta"):  # shapes only: every parameter is then assigned from the file
             heads = MedusaHeads(hidden, vocab, cfg["medusa_num_heads"], cfg.get("medusa_num_layers", 1))
         state = load_state_dict(directory, names=WEIGHT_FILES)
-        if rows is not None:
-            for i, head in enumerate(heads):
-                key = f"{i}.{heads.num_layers}.weight"
-                if key in state and tuple(state[key].shape) == (vocab, hidden):
-                    state[key] = vocabulary_rows(state[key], rows)[1]
-                    with torch.device("meta"):
-                        head[-1] = nn.Linear(hidden, len(rows), bias=False)
-        missing, unexpected = heads.load_state_dict(state, strict=False, assign=True)
+        missing, unexpected = heads.load_state_dict(state, strict=False, assign=True)  # the file's own tensors
         if missing or unexpected:
             raise ConfigError(f"{str(directory)!r} is not a Medusa checkpoint for hidden {hidden}, vocab {vocab} "
                               f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
         del state
-        heads = heads.to(device=device, dtype=dtype).eval()
-        if rows is not None:
-            heads.rows = rows.to(dtype=torch.long)
-        return heads
+        if rows is not None:  # cut in the file's dtype, before any conversion
+            heads.keep_rows(rows)
+        return heads.to(device=device, dtype=dtype).eval()
 
     def save_pretrained(self, directory: str | Path, config: dict, dtype=torch.float16) -> None:
         directory = Path(directory)
