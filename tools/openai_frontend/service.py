@@ -395,7 +395,7 @@ class Frontend:
         return entries
 
     def deltas(self, gen: Generation) -> AsyncIterator[Delta]:
-        """Every choice's pieces as they come (SGLang's endpoint shapes its own answers
+        """Every choice's pieces as they come (SGLang's endpoint streams its own events
         from them); a refused request raises here, before any. The caller closes it."""
         return self._deltas(self.prepare(gen))
 
@@ -411,10 +411,11 @@ class Frontend:
         prompt_tokens = sum(c.prompt_tokens for c in calls if c.index % c.gen.n == 0)
         return usage(prompt_tokens, sum(o.completion_tokens() for o in outputs.values()))
 
-    async def complete(self, gen: Generation) -> dict:
-        """The whole answer of a non-streamed request."""
-        shapes = self.shapes(gen)
-        calls = self.prepare(gen, shapes)
+    async def collect(self, gen: Generation, calls: Optional[list[Call]] = None
+                      ) -> tuple[dict[int, str], dict[int, list[TokenLogProb]], dict[int, Output]]:
+        """Every choice's whole text, log-prob entries and finished `Output`, by index
+        (`calls`: `prepare(gen)`'s, when the caller has them)."""
+        calls = self.prepare(gen) if calls is None else calls
         texts = {c.index: "" for c in calls}
         entries: dict[int, list[TokenLogProb]] = {c.index: [] for c in calls}
         outputs: dict[int, Output] = {}
@@ -427,6 +428,13 @@ class Frontend:
                     outputs[delta.index] = delta.output
         finally:
             await deltas.aclose()
+        return texts, entries, outputs
+
+    async def complete(self, gen: Generation) -> dict:
+        """The whole answer of a non-streamed request."""
+        shapes = self.shapes(gen)
+        calls = self.prepare(gen, shapes)
+        texts, entries, outputs = await self.collect(gen, calls)
         choices = [shapes.choice(c.index, texts[c.index], outputs[c.index].finish_reason(), entries[c.index],
                                  outputs[c.index].stop_reason()) for c in calls]
         return shapes.answer(choices, self._usage(calls, outputs))

@@ -87,17 +87,8 @@ def meta_info(rid: str, output: Optional[Output]) -> dict:
 
 async def answer(frontend: Frontend, gen: Generation, batched: bool, rids: list[str]):
     """The whole answer of a request that is not streamed."""
-    texts = [""] * len(rids)
-    outputs: list[Optional[Output]] = [None] * len(rids)
-    deltas = frontend.deltas(gen)
-    try:
-        async for delta in deltas:
-            texts[delta.index] += delta.text
-            if delta.output is not None:
-                outputs[delta.index] = delta.output
-    finally:
-        await deltas.aclose()
-    answers = [{"text": text, "meta_info": meta_info(rid, output)} for text, rid, output in zip(texts, rids, outputs)]
+    texts, _, outputs = await frontend.collect(gen)
+    answers = [{"text": texts[i], "meta_info": meta_info(rid, outputs.get(i))} for i, rid in enumerate(rids)]
     return answers if batched or len(answers) > 1 else answers[0]
 
 
