@@ -138,7 +138,8 @@ BAD_BODIES = [
     ({"text_input": "hi", "max_tokens": 4, "beam_width": 2}, "beam_width"),
     ({"text_input": "hi", "max_tokens": 4, "temperature": -0.5}, "temperature"),
     ({"text_input": "hi", "max_tokens": 4, "top_p": 1.5}, "top_p"),
-    ({"text_input": "hi", "max_tokens": 4, "top_k": -1}, "top_k"),
+    ({"text_input": "hi", "max_tokens": 4, "top_k": -2}, "top_k"),
+    ({"text_input": "hi", "max_tokens": 4, "min_p": 1.5}, "min_p"),
     ({"text_input": "hi", "max_tokens": 4, "repetition_penalty": 0.0}, "repetition_penalty"),
     ({"text_input": "hi", "max_tokens": 4, "speculative_method": "magic"}, "speculative_method"),
     ({"text_input": "hi", "max_tokens": 4, "prompt_lookup_tokens": -1}, "prompt_lookup_tokens"),
@@ -149,6 +150,7 @@ BAD_BODIES = [
     ({"text_input": "hi", "sampling_parameters": "{not json"}, "sampling_parameters"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"top_p": 1.5})}, "top_p"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"seed": -1})}, "seed"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"min_p": -0.1})}, "min_p"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"max_tokens": 2.5})}, "max_tokens"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"n": 2})}, "num_return_sequences"),
 ]
@@ -224,6 +226,27 @@ def test_settings_as_request_parameters_or_sampling_parameters_equal_the_same_in
     assert "request parameter temperature" in grpc[2][1] and not grpc[2][0], grpc
     status, greedy = generate(triton, {**prompt, **settings, "temperature": 0.0, "seed": 0})
     assert status == 200 and greedy["text_output"] != answers[0][0]
+
+
+def test_min_p_of_one_keeps_only_the_likeliest_token_sent_any_way(triton):
+    """min_p 1 keeps the tokens as likely as the likeliest: a sampled request answers as a
+    greedy one, whatever its seed, as an input, a request parameter (beside vLLM's top_k -1,
+    no top-k) or in sampling_parameters. min_p asks for sampling as top_k and top_p do, so
+    at min_p 0.001 the same seeds answer differently."""
+    prompt = {"text_input": "Write a word about the sea:", "max_tokens": 12, "exclude_input_in_output": True}
+    status, greedy = generate(triton, {**prompt, "temperature": 0.0})
+    assert status == 200, greedy
+    sampled = {"temperature": 1.5, "min_p": 1.0}
+    bodies = [{**prompt, **sampled, "seed": 1}, {**prompt, "parameters": {**sampled, "seed": 2, "top_k": -1}},
+              {**prompt, "sampling_parameters": json.dumps({**sampled, "seed": 3})}]
+    for body in bodies:
+        status, out = generate(triton, body)
+        assert (status, out.get("text_output")) == (200, greedy["text_output"]), (body, out)
+    texts = set()
+    for seed in (1, 2, 3):
+        status, out = generate(triton, {**prompt, "temperature": 1.5, "min_p": 0.001, "seed": seed})
+        texts.add(out.get("text_output"))
+    assert greedy["text_output"] not in texts and len(texts) == 3, texts
 
 
 def test_grpc_sampling_parameters_as_vllms_client_sends_them(triton):

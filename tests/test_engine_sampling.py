@@ -21,7 +21,7 @@ from specdec.kv_cache import AttentionBatch
 from specdec.models.layers import causal_mask
 from specdec.sampling import LogitsRow, SamplingTensors, _truncated as truncated, probabilities, process_logits, sampling_tensors
 
-TEMPERATURE, TOP_P = 0.9, 0.95
+TEMPERATURE, TOP_P, MIN_P = 0.9, 0.95, 0.05
 TRIALS = 1500
 # Trees of depth 2, which decides the second token: each tree node costs a top-p sort
 # of the 49152-token vocabulary, so the default trees (16 to 64 nodes) would spend
@@ -65,10 +65,12 @@ def engine_named(request):  # pytest's `request` here, not engine_helpers.reques
 
 
 @pytest.mark.parametrize("method", ["eagle2", "draft_model", "medusa", "draft_model over a drafting vocabulary",
-                                    "eagle2 with prompt lookup"])
+                                    "eagle2 with prompt lookup", "eagle2 with min-p"])
 def test_second_token_follows_the_target_distribution(engine_named, method, monkeypatch):
     engine = engine_named("vocab_engine" if method.endswith("vocabulary") else "engine")
     lookup = method.endswith("prompt lookup")
+    # min-p instead of top-p: the target's distribution cut relative to its likeliest token
+    cut = dict(min_p=MIN_P) if method.endswith("min-p") else dict(top_p=TOP_P)
     method = method.split()[0]
     prompt = code_prompts(1, max_tokens=24)[0]
     tree = dict(SMALL_TREES[method])
@@ -78,7 +80,7 @@ def test_second_token_follows_the_target_distribution(engine_named, method, monk
         # (... z c1 z c2 z c3 z c4 z): whichever first token c is drawn, "z c" occurred,
         # and what followed it is the branch grafted onto the tree that decides the second.
         head = prompt[:12]
-        likely = _next_probs(engine, head, request(head, 3, method, temperature=TEMPERATURE, top_p=TOP_P))
+        likely = _next_probs(engine, head, request(head, 3, method, temperature=TEMPERATURE, **cut))
         prompt = head + [t for c in likely.topk(4).indices.tolist() for t in (c, head[-1])]
         tree["prompt_lookup_tokens"] = 4
 
@@ -87,12 +89,12 @@ def test_second_token_follows_the_target_distribution(engine_named, method, monk
             grafted.append(not torch.equal(out.tokens, draft.tokens))
             return out
         monkeypatch.setattr(engine_module, "graft", counted)
-    proto = request(prompt, 3, method, temperature=TEMPERATURE, top_p=TOP_P)
+    proto = request(prompt, 3, method, temperature=TEMPERATURE, **cut)
     p1 = _next_probs(engine, prompt, proto)
     marginal = torch.zeros_like(p1, dtype=torch.float64)
     for t1 in (p1 > 1e-7).nonzero().flatten().tolist():
         marginal += p1[t1].double() * _next_probs(engine, prompt + [t1], proto).double()
-    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, top_p=TOP_P, seed=i, **tree)
+    reqs = [request(prompt, 3, method, rid=f"s{i}", temperature=TEMPERATURE, seed=i, **cut, **tree)
             for i in range(TRIALS)]
     outs = run_batch(engine, reqs)
     counts = torch.bincount(torch.tensor([outs[f"s{i}"][1] for i in range(TRIALS)]), minlength=len(p1)).double()
@@ -129,50 +131,82 @@ def test_requests_do_not_share_random_state(engine):
     assert run_batch(engine, reqs)["x"] == alone
 
 
-def nucleus_reference(row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def nucleus_reference(row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float = 0.0
+                      ) -> torch.Tensor:
     """One row's sampling distribution [V], computed the plain way: every token ranked."""
     x = row.double() / temperature
     order = x.argsort(descending=True)[: top_k or len(x)]
     probs = torch.softmax(x[order], -1)
-    keep = order[probs.cumsum(-1) - probs < top_p]
+    keep = order[(probs.cumsum(-1) - probs < top_p) & (probs >= min_p * probs[0])]
     out = torch.zeros_like(x)
     out[keep] = torch.softmax(x[keep], -1)
     return out.float()
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_top_k_top_p_min_p_equal_transformers_warpers(seed):
+    """Temperature, top-k, top-p and min-p equal `transformers`' warpers applied in its
+    order (min-p last, as SGLang too), row by row, over a whole vocabulary."""
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+    gen = torch.Generator().manual_seed(seed)
+    V = 2000
+    settings = [(0.7, 0, 1.0, 0.1), (1.0, 50, 0.9, 0.05), (1.3, 0, 0.8, 0.2), (0.5, 5, 1.0, 0.0), (1.0, 0, 1.0, 0.01)]
+    logits = torch.randn(len(settings), 1, V, generator=gen) * torch.tensor([1.0, 3.0, 0.5, 2.0, 1.5])[:, None, None]
+    params = SamplingTensors(torch.tensor([t for t, _, _, _ in settings]), torch.tensor([k for _, k, _, _ in settings]),
+                             torch.tensor([p for _, _, p, _ in settings]), truncate=True,
+                             min_p=torch.tensor([m for _, _, _, m in settings]))
+    probs = probabilities(logits, params)
+    for b, (t, k, p, m) in enumerate(settings):
+        warped = TemperatureLogitsWarper(t)(None, logits[b, :, :].clone())
+        warpers = ([TopKLogitsWarper(k)] if k else []) + [TopPLogitsWarper(p)] + ([MinPLogitsWarper(m)] if m else [])
+        for warper in warpers:
+            warped = warper(None, warped)
+        torch.testing.assert_close(probs[b, 0], torch.softmax(warped, -1)[0], atol=1e-6, rtol=1e-5)
+        assert (probs[b, 0] > 0).sum() == torch.isfinite(warped).sum()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_top_k_top_p_rank_only_what_they_can_keep_and_equal_ranking_everything(seed, monkeypatch):
-    """On the CPU top-p ranks a few candidates and ranks the whole vocabulary again only
-    for the rows whose nucleus reaches past them; top-k alone ranks its k. Rows peaked
-    and flat (nuclei of a few tokens and of most of the vocabulary), with every mix of
-    settings, in one batch: each row equals the plain computation."""
+    """On the CPU top-p and min-p rank a few candidates and rank the whole vocabulary again
+    only for the rows whose kept tokens reach past them; top-k alone ranks its k. Rows
+    peaked and flat (nuclei of a few tokens and of most of the vocabulary), with every mix
+    of settings, in one batch: each row equals the plain computation."""
     monkeypatch.setattr(sampling_module, "TOP_P_CANDIDATES", 16)
     gen = torch.Generator().manual_seed(seed)
     B, N, V = 6, 3, 500
     sharpness = torch.tensor([8.0, 0.05, 3.0, 0.3, 1.0, 6.0])[torch.randperm(B, generator=gen)]
     logits = torch.randn(B, N, V, generator=gen) * sharpness[:, None, None]
     temperature = torch.rand(B, generator=gen) + 0.5
-    settings = [(0, 0.9), (5, 1.0), (0, 1.0), (40, 0.7), (3, 0.5), (0, 0.99)]
+    settings = [(0, 0.9, 0.0), (5, 1.0, 0.0), (0, 1.0, 0.05), (40, 0.7, 0.0), (3, 0.5, 0.0), (0, 0.99, 0.2)]
     settings = [settings[i] for i in torch.randperm(B, generator=gen).tolist()]
     rankings = []
-    monkeypatch.setattr(sampling_module, "_truncated", lambda scaled, k, p, ranked: (
-        rankings.append(ranked), truncated(scaled, k, p, ranked))[1])
+    monkeypatch.setattr(sampling_module, "_truncated", lambda scaled, cut, ranked: (
+        rankings.append(ranked), truncated(scaled, cut, ranked))[1])
     ranked = {}
-    for name, rows in (("mixed", settings), ("top-k everywhere", [(k or 7, p) for k, p in settings]),
-                       ("top-p alone", [(0, 0.9)] * B)):
-        params = SamplingTensors(temperature, torch.tensor([k for k, _ in rows]),
-                                 torch.tensor([p for _, p in rows]), truncate=True,
-                                 top_k_bound=max(k for k, _ in rows) if all(k for k, _ in rows) else 0)
+    for name, rows in (("mixed", settings), ("top-k everywhere", [(k or 7, p, m) for k, p, m in settings]),
+                       ("top-p alone", [(0, 0.9, 0.0)] * B), ("min-p alone", [(0, 1.0, 0.5)] * B)):
+        params = SamplingTensors(temperature, torch.tensor([k for k, _, _ in rows]),
+                                 torch.tensor([p for _, p, _ in rows]), truncate=True,
+                                 top_k_bound=max(k for k, _, _ in rows) if all(k for k, _, _ in rows) else 0,
+                                 min_p=torch.tensor([m for _, _, m in rows]))
         rankings.clear()
         probs = probabilities(logits, params)
-        for b, (k, p) in enumerate(rows):
+        for b, (k, p, m) in enumerate(rows):
             for n in range(N):
-                torch.testing.assert_close(probs[b, n], nucleus_reference(logits[b, n], temperature[b].item(), k, p),
-                                           atol=1e-6, rtol=1e-5)
+                expected = nucleus_reference(logits[b, n], temperature[b].item(), k, p, m)
+                torch.testing.assert_close(probs[b, n], expected, atol=1e-6, rtol=1e-5)
         ranked[name] = list(rankings)
     # the largest top-k first (more than the 16 candidates), then the flat rows again in full;
-    # where every row has a top-k, only its largest; top-p alone: the candidates, then in full
-    assert ranked == {"mixed": [40, V], "top-k everywhere": [40], "top-p alone": [16, V]}
+    # where every row has a top-k, only its largest; top-p or min-p alone: the candidates,
+    # then in full (the flattest row keeps most of the vocabulary, at either setting)
+    assert ranked == {"mixed": [40, V], "top-k everywhere": [40], "top-p alone": [16, V], "min-p alone": [16, V]}
+    # min-p alone over peaked rows: nothing kept past the candidates, nothing ranked again
+    rankings.clear()
+    peaked = SamplingTensors(temperature, torch.zeros(B, dtype=torch.long), torch.ones(B), truncate=True,
+                             min_p=torch.full((B,), 0.1))
+    probs = probabilities(torch.randn(B, N, V, generator=gen) * 8, peaked)
+    assert rankings == [16] and probs.count_nonzero(-1).max() <= 16
 
 
 def test_top_k_top_p_over_a_tree_equal_each_node_alone():

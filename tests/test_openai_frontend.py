@@ -301,6 +301,17 @@ def test_seeded_sampling_repeats(served):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_min_p_of_one_samples_the_greedy_answer(served, name):
+    """vLLM's min_p (in the body's extras): at 1 only the likeliest token is kept, so a hot,
+    seeded request answers as temperature 0 does, on every model."""
+    client = served.client()
+    greedy = _chat(client, name, False, max_tokens=12, temperature=0)[0]
+    kept = _chat(client, name, False, max_tokens=12, temperature=1.5, seed=5, extra_body={"min_p": 1.0})[0]
+    hot = _chat(client, name, False, max_tokens=12, temperature=1.5, seed=5)[0]
+    assert kept == greedy != hot
+
+
 
 def _choices(client, stream, **kw) -> tuple[list[str], object]:
     """(each choice's text by index, usage) of one completions request, streamed or not."""

@@ -26,14 +26,15 @@ openai = pytest.importorskip("openai")
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT_BODY = {"model": "m", "prompt": "hi"}
 ENSEMBLE_INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "exclude_input_in_output": "BOOL",
-                   "temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop_words": "BYTES",
+                   "temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "min_p": "FP32", "seed": "UINT64",
+                   "stop_words": "BYTES",
                    "end_id": "INT32", "min_tokens": "INT32", "speculative_method": "BYTES", "eagle_depth": "INT32",
                    "embedding_bias_words": "BYTES", "embedding_bias_weights": "FP32"}
 TOKEN_INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL",
                 "runtime_top_p": "FP32", "runtime_top_k": "INT32", "temperature": "FP32", "random_seed": "UINT64",
                 "end_id": "INT32", "stop_words_list": "INT32", "return_log_probs": "BOOL", "min_tokens": "INT32",
                 "exclude_input_in_output": "BOOL", "top_log_probs": "INT32", "embedding_bias": "FP32",
-                "return_prompt_log_probs": "BOOL"}
+                "return_prompt_log_probs": "BOOL", "min_p": "FP32"}
 ENSEMBLE = TargetModel("ensemble", TEXT, ENSEMBLE_INPUTS, frozenset({"text_output"}), batched=True)
 TOKEN_OUTPUTS = {"output_ids", "sequence_length", "output_log_probs", "output_top_token_ids", "output_top_log_probs",
                  "prompt_log_probs", "prompt_top_token_ids", "prompt_top_log_probs"}
@@ -58,6 +59,9 @@ def test_fields_are_read():
     assert gen.sampling == {"temperature": 0.0, "top_p": 1.0, "seed": 3, "top_k": 0}
     assert gen.speculative == {"speculative_method": "eagle2", "eagle_total_tokens": 16}
     assert gen.messages[0]["content"] == "a\nb"
+    # min_p (vLLM's and SGLang's): 0 is off and is sent to no model, so a model without it takes it
+    assert parse_request({**CHAT_BODY, "min_p": 0.05}, CHAT).sampling["min_p"] == pytest.approx(0.05)
+    assert "min_p" not in parse_request({**CHAT_BODY, "min_p": 0}, CHAT).sampling
     gen = parse_request({**TEXT_BODY, "prompt": ["one"], "logprobs": 0, "stop": ["a", "b", "a"]}, COMPLETIONS)
     assert gen.prompts == ("one",) and gen.logprobs and gen.stop == ("a", "b") and (gen.n, gen.echo) == (1, False)
     # the API's four prompt forms; n and best_of == n; echo
@@ -108,6 +112,8 @@ BAD_FIELDS = [  # (endpoint, body changes, the param named)
     (CHAT, {"min_tokens": -1}, "min_tokens"),
     (CHAT, {"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
     (CHAT, {"top_k": -2}, "top_k"),
+    (CHAT, {"min_p": 1.5}, "min_p"),
+    (COMPLETIONS, {"min_p": "0.1"}, "min_p"),
     (CHAT, {"repetition_penalty": 0}, "repetition_penalty"),
     (CHAT, {"ignore_eos": 1}, "ignore_eos"),
     (COMPLETIONS, {"prompt": None}, "prompt"),
@@ -204,6 +210,11 @@ def test_a_value_the_model_does_not_take_is_a_400_naming_it():
     with pytest.raises(OpenAIError) as e:
         build_inputs(TOKEN_MODEL, {"speculative_method": "eagle2"})
     assert e.value.status == 400 and e.value.param == "speculative_method"
+    trtllm = TargetModel("tensorrt_llm", TOKENS, {k: v for k, v in TOKEN_INPUTS.items() if k != "min_p"},
+                         frozenset(TOKEN_OUTPUTS), batched=True)
+    with pytest.raises(OpenAIError) as e:  # TensorRT-LLM's model has no min_p: refused, not ignored
+        build_inputs(trtllm, {"min_p": 0.1})
+    assert e.value.param == "min_p"
 
 
 def test_triton_errors_map_to_statuses():
@@ -824,7 +835,8 @@ def test_sglang_generate_answers_in_sglangs_shape(front_tokenizer):
     texts = {10: "alpha beta gamma", 11: "one two", 12: "red green"}
     frontend = make_frontend(front_tokenizer, scripted_by_seed(front_tokenizer, texts))
     with serving(frontend) as url:
-        params = {"max_new_tokens": 40, "temperature": 0.5, "top_k": -1, "sampling_seed": 10, "stop": " gamma"}
+        params = {"max_new_tokens": 40, "temperature": 0.5, "top_k": -1, "min_p": 0.05, "sampling_seed": 10,
+                  "stop": " gamma"}
         one = requests.post(url + "/generate", json={"text": "Say:", "sampling_params": params}, timeout=10).json()
         assert one["text"] == "alpha beta" and set(one) == {"text", "meta_info"}
         meta = one["meta_info"]
@@ -834,6 +846,7 @@ def test_sglang_generate_answers_in_sglangs_shape(front_tokenizer):
         sent = frontend.client.requests[-1]  # SGLang's names reached the model as its inputs
         assert (sent["request_output_len"].item(), sent["random_seed"].item()) == (40, 10)
         assert sent["temperature"].item() == pytest.approx(0.5) and sent["runtime_top_k"].item() == 0
+        assert sent["min_p"].item() == pytest.approx(0.05)
         # a list of prompts, n answers each, one rid per answer; a length-limited answer says so
         ids = front_tokenizer.hf.encode("Count:", add_special_tokens=False)
         many = requests.post(url + "/generate", json={

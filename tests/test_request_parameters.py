@@ -119,6 +119,7 @@ def test_each_setting_reaches_its_input_with_the_type_the_ensemble_declares(mode
     assert not {"text_input", SAMPLING_PARAMETERS} & every
     if model == "speculative_decoding":
         assert names["runtime_top_k"] == ("top_k",) and names["streaming"] == ("stream",)
+        assert names["min_p"] == ("min_p",)
         assert names["num_return_sequences"] == ("num_return_sequences", "n")
         assert "stop" not in every  # TensorRT-LLM's `stop` input (end a request) is never set by vLLM's `stop`
     else:

@@ -26,13 +26,13 @@ def test_build_request_reads_trtllm_names_and_aliases():
         **BASE, end_id=np.array([[2]], np.int32), pad_id=np.array([[-1]], np.int32),
         runtime_top_k=np.array([[3]], np.int32), runtime_top_p=np.array([[0.5]], np.float32),
         temperature=np.array([[0.7]], np.float32), random_seed=np.array([[9]], np.uint64),
-        min_length=np.array([[2]], np.int32), streaming=np.array([[True]]),
+        min_p=np.array([[0.25]], np.float32), min_length=np.array([[2]], np.int32), streaming=np.array([[True]]),
         stop_words_list=to_word_list([[1, 2], [3]])[None], speculative_method=np.array([[b"eagle3"]], object),
         eagle_depth=np.array([[4]], np.int32), prompt_lookup_tokens=np.array([[0]], np.int32)))
     assert req.input_ids == [5, 6, 7] and req.max_tokens == 4
     assert req.end_id == 2 and req.pad_id is None
     assert (req.sampling.top_k, req.sampling.top_p, req.sampling.seed, req.sampling.min_tokens) == (3, 0.5, 9, 2)
-    assert req.sampling.temperature == pytest.approx(0.7)
+    assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.min_p == pytest.approx(0.25)
     assert req.stop_words == [[1, 2], [3]] and req.bad_words == []
     assert req.spec.method == "eagle3" and req.spec.depth == 4 and req.spec.prompt_lookup_tokens == 0
     assert opts == ResponseOptions(streaming=True, exclude_input_in_output=False)
@@ -63,6 +63,9 @@ def test_engine_validation_names_fields():
         req.validate(vocab_size=100, max_context=64, max_tokens_limit=8)
     with pytest.raises(InputError, match="temperature must be >= 0"):
         build_request("r", _getter(**{**BASE, "temperature": np.array([[-1.0]], np.float32)}))
+    req, _ = build_request("r", _getter(**{**BASE, "min_p": np.array([[1.5]], np.float32)}))
+    with pytest.raises(InputError, match="min_p must be in"):
+        req.validate(vocab_size=100, max_context=64, max_tokens_limit=8)
 
 
 def _step(tokens, finished=False, log_probs=None):
@@ -123,12 +126,24 @@ INFLIGHT_CLIENT = dict(
     (None, 0, 0.9, (1.0, 0, 0.9)),  # temperature unset is 1
     (0.8, 40, 0.9, (0.8, 40, 0.9)),
     (0.0, 40, 0.9, (0.0, 0, 1.0)),  # temperature 0 is greedy
+    (0.8, -1, 0.9, (0.8, 0, 0.9)),  # vLLM's top_k -1: no top-k
+    (0.8, -1, None, (0.0, 0, 1.0)),
 ])
 def test_sampling_follows_tensorrt_llm(temperature, top_k, top_p, expected):
     assert trtllm_sampling(temperature, top_k, top_p) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("args,match", [((None, -1, None), "top_k must be >= 0"),
+@pytest.mark.parametrize("temperature,top_k,top_p,expected", [
+    (0.8, None, None, (0.8, 0, 1.0)),  # min-p alone samples
+    (0.8, 40, None, (0.8, 40, 1.0)),
+    (0.8, 1, None, (0.0, 0, 1.0)),  # top_k 1 and temperature 0 stay greedy
+    (0.0, None, 0.9, (0.0, 0, 1.0)),
+])
+def test_a_min_p_asks_for_sampling_as_top_k_and_top_p_do(temperature, top_k, top_p, expected):
+    assert trtllm_sampling(temperature, top_k, top_p, min_p=0.1) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("args,match", [((None, -2, None), "top_k must be >= 0"),
                                         ((None, None, 1.5), r"top_p must be in \(0, 1\] \(0 or less means unset"),
                                         ((-0.1, 1, None), "temperature must be >= 0")])
 def test_values_tensorrt_llm_refuses_are_refused(args, match):

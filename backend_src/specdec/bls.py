@@ -48,7 +48,7 @@ class Step:
     output_map: dict[str, str]
 
 
-_PASSED = ("temperature", "seed", "min_tokens", "min_length", "repetition_penalty", "presence_penalty",
+_PASSED = ("temperature", "min_p", "seed", "min_tokens", "min_length", "repetition_penalty", "presence_penalty",
            "frequency_penalty", "beam_width", "num_return_sequences", "exclude_input_in_output",
            "return_log_probs", "return_perf_metrics", "return_context_logits", "return_generation_logits",
            "speculative_method", "speculative_choices", "eagle_depth", "eagle_top_k", "eagle_total_tokens",

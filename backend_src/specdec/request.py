@@ -19,11 +19,12 @@ MAX_TOP_LOG_PROBS = 20  # alternatives per token a request may ask for (OpenAI's
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 means greedy (top_k/top_p then ignored)."""
+    """Per-request sampling. temperature 0 means greedy (top_k/top_p/min_p then ignored)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k filtering
     top_p: float = 1.0  # in (0, 1]
+    min_p: float = 0.0  # in [0, 1]: keep tokens at least min_p times as likely as the likeliest; 0: off
     seed: Optional[int] = None  # None: drawn from the engine's generator at admission
     repetition_penalty: float = 1.0  # > 0; 1 disables
     presence_penalty: float = 0.0
@@ -43,6 +44,7 @@ class SamplingParams:
         validate_that(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         validate_that(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
         validate_that(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        validate_that(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
         validate_that(self.repetition_penalty > 0.0,
                       f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         validate_that(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")

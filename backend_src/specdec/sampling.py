@@ -3,8 +3,8 @@
 `process_logits` applies, in order: the logit bias (a fixed amount per token id), bad
 words, min_tokens (end_id suppressed while a node's output index is below it),
 penalties (repetition over prompt + output, presence and frequency over output, as
-vLLM), then `probabilities` applies temperature, top-k and top-p. Greedy rows take the
-argmax of the processed logits.
+vLLM), then `probabilities` applies temperature, top-k, top-p and min-p. Greedy rows
+take the argmax of the processed logits.
 
 Losslessness: the logit bias is the same at every node; bad single-token words and
 min_tokens depend only on a node's depth, so they are exact for tree nodes. Penalties
@@ -90,12 +90,21 @@ class SamplingTensors:
     temperature: torch.Tensor  # [B] float32 > 0 (1 for greedy rows)
     top_k: torch.Tensor  # [B] int64, 0 = off
     top_p: torch.Tensor  # [B] float32 in (0, 1]
-    truncate: bool  # some row has top-k or top-p on (known on the host: no sync to branch)
+    truncate: bool  # some row has top-k, top-p or min-p on (known on the host: no sync to branch)
     top_k_bound: int = 0  # every row has top-k on, at most this (0: some row has not)
+    min_p: Optional[torch.Tensor] = None  # [B] float32 in [0, 1], 0 = off; None: off in every row
 
     def rows(self, start: int, stop: int) -> "SamplingTensors":
         return SamplingTensors(self.temperature[start:stop], self.top_k[start:stop], self.top_p[start:stop],
-                               self.truncate, self.top_k_bound)
+                               self.truncate, self.top_k_bound,
+                               None if self.min_p is None else self.min_p[start:stop])
+
+    def log_min_p(self) -> torch.Tensor:
+        """[B] log of min-p (-inf where off): a token is kept while its logit is at most
+        this far below the most likely one's."""
+        if self.min_p is None:
+            return torch.full_like(self.temperature, NEG_INF)
+        return self.min_p.log()
 
 
 # Top-p's candidates on the CPU: the most likely tokens ranked first, the whole vocabulary
@@ -109,7 +118,11 @@ TOP_P_CANDIDATES = 256
 def probabilities(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """Sampling distribution. logits: [B, N, V]. Returns probs [B, N, V] float32.
 
-    Top-k and top-p keep a prefix of the tokens ranked by probability, so only the
+    Min-p keeps the tokens at least min_p times as likely as the most likely one. That
+    ratio does not change when top-k and top-p renormalise, so applying min-p after them
+    (as `transformers` and SGLang do) keeps the tokens that all three keep.
+
+    Top-k, top-p and min-p keep a prefix of the tokens ranked by probability, so only the
     ranks that can be kept are ranked: the largest top-k where every row has one (any
     device); else, on the CPU, TOP_P_CANDIDATES (or the largest top-k, if more), and
     the rows whose nucleus reaches past them again over the whole vocabulary (finding
@@ -120,15 +133,16 @@ def probabilities(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     if not params.truncate:
         return torch.softmax(scaled, dim=-1)
     k = torch.where(params.top_k > 0, params.top_k, torch.full_like(params.top_k, V))  # [B]
+    cut = Cut(k, params.top_p, params.log_min_p())
     if params.top_k_bound:
-        return _truncated(scaled, k, params.top_p, min(V, params.top_k_bound))[0]
+        return _truncated(scaled, cut, min(V, params.top_k_bound))[0]
     if not reads_are_free(scaled.device):
-        return _truncated(scaled, k, params.top_p, V)[0]
-    probs, spilled = _truncated(scaled, k, params.top_p, min(V, max(TOP_P_CANDIDATES, int(params.top_k.max()))))
+        return _truncated(scaled, cut, V)[0]
+    probs, spilled = _truncated(scaled, cut, min(V, max(TOP_P_CANDIDATES, int(params.top_k.max()))))
     rows = spilled.nonzero()  # [R, 2]: (b, n) of the rows to rank again in full
     if len(rows):
         b, n = rows[:, 0], rows[:, 1]
-        probs[b, n] = _truncated(scaled[b, n][:, None], k[b], params.top_p[b], V)[0][:, 0]
+        probs[b, n] = _truncated(scaled[b, n][:, None], cut.rows(b), V)[0][:, 0]
     return probs
 
 
@@ -137,19 +151,32 @@ def reads_are_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def _truncated(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, ranked: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """scaled [B, N, V] logits, k [B] (V where top-k is off), top_p [B]: the softmax over
-    the tokens top-k and top-p keep, ranking only the `ranked` most likely ones, and
-    [B, N] True where the nucleus may reach past them (those rows' probs are not
-    exact). Ties at the cut keep whichever the ranking put first."""
+@dataclass
+class Cut:
+    """Where each row's ranking is cut: the three settings as [B] tensors."""
+
+    k: torch.Tensor  # [B] int64, V where top-k is off
+    top_p: torch.Tensor  # [B] float32 in (0, 1]
+    log_min_p: torch.Tensor  # [B] float32, -inf where min-p is off
+
+    def rows(self, index: torch.Tensor) -> "Cut":
+        return Cut(self.k[index], self.top_p[index], self.log_min_p[index])
+
+
+def _truncated(scaled: torch.Tensor, cut: Cut, ranked: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scaled [B, N, V] logits: the softmax over the tokens top-k, top-p and min-p keep,
+    ranking only the `ranked` most likely ones, and [B, N] True where the kept tokens may
+    reach past them (those rows' probs are not exact). Ties at the cut keep whichever the
+    ranking put first."""
     V = scaled.shape[-1]
     if ranked >= V:
         values, order = scaled.sort(dim=-1, descending=True)
     else:
         values, order = scaled.topk(ranked, dim=-1)  # [B, N, ranked], most likely first
-    k, top_p = k[:, None, None], top_p[:, None, None]
+    k, top_p, log_min_p = cut.k[:, None, None], cut.top_p[:, None, None], cut.log_min_p[:, None, None]
     drop = torch.arange(ranked, device=scaled.device)[None, None, :] >= k
+    # Min-p: a probability ratio to the most likely token, a logit difference here.
+    below_min_p = (values - values[..., :1]) < log_min_p  # [B, N, ranked]
     kept = values.masked_fill(drop, NEG_INF)
     # Top-p measures mass under the top-k distribution, whose normaliser is the ranked
     # tokens' own where a row's top-k fits in them, else the whole row's.
@@ -159,8 +186,9 @@ def _truncated(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, ranke
     mass = torch.exp(kept - log_norm)
     # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
     before = mass.cumsum(-1) - mass
-    drop = drop | (before >= top_p)  # not |=: drop is [B, 1, ranked] until here
-    spilled = ((k > ranked) & (mass.sum(-1, keepdim=True) < top_p))[..., 0]
+    drop = drop | (before >= top_p) | below_min_p  # not |=: drop is [B, 1, ranked] until here
+    # Ranked tokens are kept to the last; min-p would keep the next unranked one too.
+    spilled = ((k > ranked) & (mass.sum(-1, keepdim=True) < top_p) & ~below_min_p[..., -1:])[..., 0]
     probs = torch.zeros_like(scaled).scatter(-1, order, torch.softmax(values.masked_fill(drop, NEG_INF), dim=-1))
     return probs, spilled
 
@@ -185,15 +213,16 @@ class RequestRng:
 
 
 def sampling_tensors(rows: list[LogitsRow], device) -> Optional[SamplingTensors]:
-    """The rows' temperature, top-k and top-p on `device` (one transfer); temperature 0
-    rows get 1."""
+    """The rows' temperature, top-k, top-p and min-p on `device` (one transfer);
+    temperature 0 rows get 1."""
     if not rows:
         return None
     device = torch.device(device)
     settings = [r.request.sampling for r in rows]
-    floats = to_device([[s.temperature or 1.0 for s in settings], [s.top_p for s in settings]], device,
-                       torch.float32)
+    floats = to_device([[s.temperature or 1.0 for s in settings], [s.top_p for s in settings],
+                        [s.min_p for s in settings]], device, torch.float32)  # [3, B]
     top_k = to_device([s.top_k for s in settings], device, torch.long)
-    truncate = any(s.top_k > 0 or s.top_p < 1.0 for s in settings)
+    min_p = floats[2] if any(s.min_p > 0.0 for s in settings) else None
+    truncate = any(s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0.0 for s in settings)
     bound = max(s.top_k for s in settings) if all(s.top_k > 0 for s in settings) else 0
-    return SamplingTensors(floats[0], top_k, floats[1], truncate, bound)
+    return SamplingTensors(floats[0], top_k, floats[1], truncate, bound, min_p)

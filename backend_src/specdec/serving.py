@@ -64,10 +64,10 @@ def batch_rows(get: Getter) -> list[Getter]:
     return row_getters(get, batch_entries(get))
 
 
-def trtllm_sampling(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float]
-                    ) -> tuple[float, int, float]:
+def trtllm_sampling(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
+                    min_p: Optional[float] = None) -> tuple[float, int, float]:
     """`(temperature, top_k, top_p)` for `SamplingParams` from TensorRT-LLM's request values
-    (None: not sent).
+    (None: not sent), and `min_p`, which TensorRT-LLM's Triton backend does not take.
 
     TensorRT-LLM's Triton backend treats a top_p of 0 or less as unset, an unset top_k
     or top_p is 0 and an unset temperature 1; its sampling layers then decode:
@@ -78,19 +78,24 @@ def trtllm_sampling(temperature: Optional[float], top_k: Optional[int], top_p: O
         top_k 0, top_p p      top-p sampling
         top_k k, top_p p      both
 
-    Temperature 0 is greedy here (TensorRT-LLM divides the logits by it plus 1e-6: an
-    argmax). A negative top_k or temperature and a top_p above 1 are refused, as
+    A min_p above 0 asks for sampling as a top_k or top_p does: with top_k 0 and top_p 0
+    it is min-p sampling, not greedy. Temperature 0 is greedy here (TensorRT-LLM divides
+    the logits by it plus 1e-6: an argmax). A top_k of -1 is 0, vLLM's and SGLang's way
+    to say no top-k (TensorRT-LLM refuses it; vLLM's clients send it as a request
+    parameter, which Triton's generate endpoint makes into the top_k input). Another
+    negative top_k, a negative temperature and a top_p above 1 are refused, as
     TensorRT-LLM's SamplingConfig checks refuse them.
     """
-    validate_that(top_k is None or top_k >= 0, f"top_k must be >= 0 (0: no top-k filtering), got {top_k}")
+    validate_that(top_k is None or top_k >= -1,
+                  f"top_k must be >= 0 (0 or -1: no top-k filtering), got {top_k}")
     validate_that(top_p is None or top_p <= 1.0,
                   f"top_p must be in (0, 1] (0 or less means unset, TensorRT-LLM's convention), got {top_p}")
     validate_that(temperature is None or temperature >= 0.0,
                   f"temperature must be >= 0, got {temperature}")
-    k = top_k or 0
+    k = max(top_k or 0, 0)
     p = top_p if top_p is not None and top_p > 0.0 else 0.0
     t = 1.0 if temperature is None else temperature
-    if t == 0.0 or k == 1 or (k == 0 and p == 0.0):
+    if t == 0.0 or k == 1 or (k == 0 and p == 0.0 and not min_p):
         return 0.0, 0, 1.0
     return t, k, p if p > 0.0 else 1.0
 
@@ -133,11 +138,12 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
     for name in ("stop_words_list", "bad_words_list"):
         array = get(name)
         words[name] = [] if array is None else from_word_list(array, name)
+    min_p = _first(get, ("min_p",), "float", 0.0)
     temperature, top_k, top_p = trtllm_sampling(_first(get, ("temperature",), "float"),
                                                 _first(get, ("runtime_top_k", "top_k"), "int"),
-                                                _first(get, ("runtime_top_p", "top_p"), "float"))
+                                                _first(get, ("runtime_top_p", "top_p"), "float"), min_p)
     sampling = SamplingParams(
-        temperature=temperature, top_k=top_k, top_p=top_p,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         seed=_first(get, ("seed", "random_seed"), "int"),
         repetition_penalty=_first(get, ("repetition_penalty",), "float", 1.0),
         presence_penalty=_first(get, ("presence_penalty",), "float", 0.0),

@@ -171,7 +171,8 @@ def sampling(engine: Engine, prompts: list[list[int]], iters: int) -> dict:
             finally:
                 sampling_module.reads_are_free = reads_are_free
             k = torch.where(params.top_k > 0, params.top_k, logits.shape[-1])
-            spilled = sampling_module._truncated(logits / 0.8, k, params.top_p, sampling_module.TOP_P_CANDIDATES)[1]
+            cut = sampling_module.Cut(k, params.top_p, params.log_min_p())
+            spilled = sampling_module._truncated(logits / 0.8, cut, sampling_module.TOP_P_CANDIDATES)[1]
             out[f"{B}x{N}, {name}"] = dict(
                 requests=B, nodes=N, top_k=top_k, top_p=top_p, ranked_ms=round(ms["ranked"][0], 3),
                 everything_ms=round(ms["everything"][0], 3), speedup=round(ms["everything"][0] / ms["ranked"][0], 2),

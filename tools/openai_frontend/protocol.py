@@ -16,7 +16,7 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              prompt), logprobs (0-20: the sampled token's log-probability and that many
              alternatives), echo (with logprobs: the prompt's scored too; max_tokens 0 then
              scores the prompt alone), suffix (none), best_of (n only)
-    extra    top_k, min_tokens, repetition_penalty, ignore_eos, stop_token_ids,
+    extra    top_k, min_p, min_tokens, repetition_penalty, ignore_eos, stop_token_ids,
              include_stop_str_in_output (vLLM's names) and the
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens, prompt_lookup_tokens
@@ -206,6 +206,7 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     sampling: dict[str, Any] = {
         "temperature": _number(body, "temperature", lo=0.0, hi=2.0),
         "top_p": _number(body, "top_p", lo=0.0, hi=1.0, lo_open=True),
+        "min_p": _number(body, "min_p", lo=0.0, hi=1.0) or None,  # 0 is off: sent to no model
         "seed": _int(body, "seed", lo=0, hi=2 ** 64 - 1),
         "presence_penalty": _number(body, "presence_penalty", lo=-2.0, hi=2.0),
         "frequency_penalty": _number(body, "frequency_penalty", lo=-2.0, hi=2.0),

@@ -24,7 +24,8 @@ from .service import Frontend, Output
 MAX_NEW_TOKENS = 128  # SGLang's default
 # SGLang's sampling_params names → the OpenAI body's (vLLM's extras included)
 SAMPLING_PARAMS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "temperature": "temperature",
-                   "top_p": "top_p", "top_k": "top_k", "stop": "stop", "stop_token_ids": "stop_token_ids",
+                   "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "stop": "stop",
+                   "stop_token_ids": "stop_token_ids",
                    "ignore_eos": "ignore_eos", "presence_penalty": "presence_penalty",
                    "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
                    "n": "n", "sampling_seed": "seed", "no_stop_trim": "include_stop_str_in_output"}
