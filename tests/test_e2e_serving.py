@@ -47,6 +47,21 @@ def test_curl_generate(triton):
         assert key in out
 
 
+def test_vllms_additional_outputs_and_the_flags_that_ask_for_them(triton, tokenizer):
+    """vLLM's backend answers `finish_reason` and `num_input_tokens` when its flags ask; here
+    they are on every response, and the flags are accepted (a stream: "None" until the last)."""
+    flags = {f"return_{name}": True for name in ("finish_reason", "cumulative_logprob", "logprobs",
+                                                  "num_input_tokens", "num_output_tokens")}
+    body = {"text_input": "What is ML?", "max_tokens": 6, "end_id": -1, **flags}
+    status, out = generate(triton, body)
+    assert status == 200, out
+    assert (out["finish_reason"], out["num_output_tokens"]) == ("length", 6)
+    assert out["num_input_tokens"] == len(tokenizer.encode("What is ML?"))
+    assert len(out["output_log_probs"]) == 6  # return_logprobs is return_log_probs
+    status, events = generate_stream(triton, {**body, "stream": True})
+    assert [e["finish_reason"] for e in events] == ["None"] * 5 + ["length"], events
+
+
 @pytest.mark.parametrize("exclude", [True, False])
 def test_generate_stream_pieces_concatenate_to_the_generate_text(triton, exclude):
     body = {"text_input": "The history of the world, in short: é, 日本, 😀.", "max_tokens": 24,

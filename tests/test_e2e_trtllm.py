@@ -401,20 +401,28 @@ def test_bls_takes_request_parameters_as_the_ensemble_does(server, tokenizer, st
     assert answers["tensorrt_llm_bls"] == answers["ensemble"]
     assert len(answers["ensemble"]) == (12 if streaming else 1)  # max_tokens 12, not the default 16
     greedy = {"max_tokens": 12, "temperature": 0}
-    whole = texts(one_stream(server, "ensemble", named, parameters=greedy))
+    responses = one_stream(server, "ensemble", named, parameters=greedy)
+    whole = texts(responses)
+    assert finish_reasons(responses) == ["None"] * (len(responses) - 1) + ["length"]
     # A stop word: a token's text from the answer (retokenized, the answer's ids may differ,
     # so the first few that end the answer early will do). Each answer stays a prefix.
     ids = tokenizer.encode(whole, add_special_tokens=False)
     words = [w for w in dict.fromkeys(tokenizer.decode([i]) for i in ids[2:]) if w.strip()][:6]
     for stop in words:
-        stopped = {model: texts(one_stream(server, model, named, parameters={**greedy, "stop": stop}))
-                   for model in ENTRIES}
+        answers = {model: one_stream(server, model, named, parameters={**greedy, "stop": stop}) for model in ENTRIES}
+        stopped = {model: texts(responses) for model, responses in answers.items()}
         assert stopped["tensorrt_llm_bls"] == stopped["ensemble"] and whole.startswith(stopped["ensemble"])
         if len(stopped["ensemble"]) < len(whole):
             assert stopped["ensemble"].endswith(stop), (stop, stopped, whole)
+            assert [finish_reasons(answers[model])[-1] for model in ENTRIES] == ["stop", "stop"]
             break
     else:
         pytest.fail(f"no stop word of {words} ended {whole!r} early")
+
+
+def finish_reasons(responses: list[Response]) -> list[str]:
+    """Each response's `finish_reason` (vLLM's output), in order."""
+    return [r.outputs["finish_reason"].reshape(-1)[0].decode() for r in responses if "finish_reason" in r.outputs]
 
 
 @pytest.mark.parametrize("body,field", [({"max_tokens": 4}, "text_input"),

@@ -100,6 +100,26 @@ def test_cancelled_with_no_tokens_still_answers_final():
     b = ResponseBuilder([1], ResponseOptions(streaming=True, exclude_input_in_output=True))
     out = b.add(StepOutput("r", [], [], True, "cancelled"))
     assert out["is_final"][0, 0] and out["output_ids"].shape == (1, 1, 0)
+    assert out["finish_reason"].tolist() == [["abort"]]
+
+
+@pytest.mark.parametrize("reason,named", [("length", "length"), ("stop", "stop"), ("end_id", "stop"),
+                                          ("cancelled", "abort")])
+def test_finish_reason_and_prompt_length_as_vllms_backend_names_them(reason, named):
+    b = ResponseBuilder([1, 2, 3], ResponseOptions(streaming=True, exclude_input_in_output=True))
+    first, last = b.add(_step([10])), b.add(StepOutput("r", [11], [], True, reason))
+    assert [first["finish_reason"].tolist(), last["finish_reason"].tolist()] == [[["None"]], [[named]]]
+    assert first["finish_reason"].dtype == np.object_
+    assert last["num_input_tokens"].tolist() == [[3]] and last["num_input_tokens"].dtype == np.uint32
+
+
+def test_vllms_output_flags_are_accepted_and_return_logprobs_is_return_log_probs():
+    flags = {name: np.array([[True]]) for name in ("return_finish_reason", "return_cumulative_logprob",
+                                                   "return_num_input_tokens", "return_num_output_tokens")}
+    req, _ = build_request("r", _getter(**BASE, **flags, return_logprobs=np.array([[True]])))
+    assert req.return_log_probs
+    with pytest.raises(InputError, match="return_finish_reason"):
+        build_request("r", _getter(**BASE, return_finish_reason=np.array([[b"yes"]], object)))
 
 
 # -- TensorRT-LLM's conventions ---------------------------------------------------------------

@@ -52,13 +52,14 @@ _PASSED = ("temperature", "min_p", "seed", "min_tokens", "min_length", "repetiti
            "frequency_penalty", "beam_width", "num_return_sequences", "exclude_input_in_output",
            "return_log_probs", "return_perf_metrics", "return_context_logits", "return_generation_logits",
            "speculative_method", "speculative_choices", "eagle_depth", "eagle_top_k", "eagle_total_tokens",
-           "num_draft_tokens", "prompt_lookup_tokens",
+           "num_draft_tokens", "prompt_lookup_tokens", "return_finish_reason", "return_cumulative_logprob",
+           "return_logprobs", "return_num_input_tokens", "return_num_output_tokens",
            "sampling_parameters")  # BLS inputs sent to speculative_decoding under the same name
 _METRICS = ("cum_log_probs", "output_log_probs", "acceptance_rate", "total_accepted_draft_tokens",
             "total_draft_tokens", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
             "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
             "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-            "num_output_tokens")  # through postprocessing
+            "num_output_tokens", "finish_reason", "num_input_tokens")  # through postprocessing
 
 STEPS = (
     Step("preprocessing",

@@ -64,6 +64,13 @@ def batch_rows(get: Getter) -> list[Getter]:
     return row_getters(get, batch_entries(get))
 
 
+# vLLM's backend sends these outputs when asked; here they are on every response.
+VLLM_OUTPUT_FLAGS = ("return_finish_reason", "return_cumulative_logprob", "return_num_input_tokens",
+                     "return_num_output_tokens")
+# The engine's finish reasons in vLLM's words (its backend's `finish_reason` output).
+VLLM_FINISH_REASONS = {"length": "length", "stop": "stop", "end_id": "stop", "cancelled": "abort"}
+
+
 def trtllm_sampling(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
                     min_p: Optional[float] = None) -> tuple[float, int, float]:
     """`(temperature, top_k, top_p)` for `SamplingParams` from TensorRT-LLM's request values
@@ -114,6 +121,8 @@ def _refuse_unsupported(get: Getter) -> None:
                       f"{name} is not supported: the engine does not return logits "
                       f"(return_log_probs gives each output token's log-probability)")
     _first(get, ("len_penalty", "length_penalty"), "float")  # beam-search only: type-checked, unused
+    for name in VLLM_OUTPUT_FLAGS:  # their outputs are on every response: type-checked, unused
+        _first(get, (name,), "bool")
 
 
 def build_request(request_id: str, get: Getter, exclude_input_default: bool = False, batch_index: int = 0
@@ -164,7 +173,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
         end_id=None if end_id is None or end_id < 0 else end_id,  # -1: never stop on an end token
         stop_words=words["stop_words_list"], bad_words=words["bad_words_list"],
         sampling=sampling, spec=spec, logit_bias=sparse_bias(get("embedding_bias")),
-        return_log_probs=_first(get, ("return_log_probs",), "bool", False),
+        return_log_probs=_first(get, ("return_log_probs", "return_logprobs"), "bool", False),
         top_log_probs=_first(get, ("top_log_probs",), "int", 0),
         return_prompt_log_probs=_first(get, ("return_prompt_log_probs",), "bool", False),
         return_perf_metrics=_first(get, ("return_perf_metrics",), "bool", False),
@@ -262,6 +271,10 @@ class ResponseBuilder:
             # generated tokens in this response (the prompt never counts): the vLLM
             # backend's output of this name, which OpenAI front ends read for `usage`
             "num_output_tokens": _one(len(self.pending), np.uint32),
+            # the vLLM backend's: why the answer ended ("None" before its last response), prompt tokens
+            "finish_reason": np.array([[VLLM_FINISH_REASONS.get(step.finish_reason, str(step.finish_reason))
+                                        if step.finished else "None"]], dtype=np.object_),
+            "num_input_tokens": _one(len(self.prompt), np.uint32),
         }
         self.sent.extend(self.pending)
         self.pending, self.pending_log_probs, self.pending_top = [], [], []

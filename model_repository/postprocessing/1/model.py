@@ -44,6 +44,8 @@ _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT
     ("TOTAL_ACCEPTED_DRAFT_TOKENS", np.int32, (1,)),
     ("TOTAL_DRAFT_TOKENS", np.int32, (1,)),
     ("NUM_OUTPUT_TOKENS", np.uint32, (1,)),
+    ("FINISH_REASON", np.object_, (1,)),
+    ("NUM_INPUT_TOKENS", np.uint32, (1,)),
     ("BATCH_INDEX", np.int32, (1,)),
     ("SEQUENCE_INDEX", np.int32, (1,)),
     ("KV_CACHE_ALLOC_NEW_BLOCKS", np.int32, (1,)),
@@ -54,6 +56,9 @@ _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT
     ("FIRST_TOKEN_TIME_NS", np.int64, (1,)),
     ("LAST_TOKEN_TIME_NS", np.int64, (1,)),
 ]
+
+
+UNFINISHED = b"None"  # finish_reason while the answer goes on (vLLM's str(None))
 
 
 class TritonPythonModel:
@@ -84,7 +89,9 @@ class TritonPythonModel:
         outputs = [pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]
         for name, dtype, shape in _PASSTHROUGH:
             value = get(name)
-            value = np.zeros((1,) + shape, dtype=dtype) if value is None else value.astype(dtype)
+            if value is None:
+                value = np.full((1,) + shape, UNFINISHED if dtype is np.object_ else 0, dtype=dtype)
+            value = value.astype(dtype)
             outputs.append(pb_utils.Tensor("OUT_" + name, value))
         return outputs
 
