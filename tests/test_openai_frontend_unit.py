@@ -873,7 +873,8 @@ def test_sglang_generate_streams_the_text_so_far_and_names_bad_fields(front_toke
         bodies = [json.loads(e) for e in events[:-1]]
         assert [b["text"] for b in bodies] == ["alpha", "alpha beta", "alpha beta gamma", "alpha beta gamma"]
         assert [b["meta_info"]["finish_reason"] for b in bodies[:-1]] == [None] * 3
-        assert bodies[-1]["meta_info"]["finish_reason"]["type"] == "stop"  # the end of the script, not the limit
+        # the end of the script, not the limit: the end token, named by its id as SGLang does
+        assert bodies[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": front_tokenizer.eos_id}
         for body, param in (({"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
                             ({"text": "hi", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
                             ({"text": "hi", "input_ids": [1]}, "text"),

@@ -80,8 +80,11 @@ def meta_info(rid: str, output: Optional[Output]) -> dict:
     if output is None:
         return {"id": rid, "finish_reason": None}
     tokens = output.completion_tokens()
+    matched = output.stop_reason()
+    if matched is None:  # it ended at the end token, which SGLang names by its id
+        matched = output.tokenizer.eos_id
     finish = ({"type": "length", "length": tokens} if output.finish_reason() == "length"
-              else {"type": "stop", "matched": output.stop_reason()})  # matched: None at an end token
+              else {"type": "stop", "matched": matched})
     return {"id": rid, "finish_reason": finish, "prompt_tokens": output.call.prompt_tokens,
             "completion_tokens": tokens, "cached_tokens": 0}
 
