@@ -52,10 +52,11 @@ def test_the_bls_model_has_the_ensemble_inputs_and_outputs():
 
 class FakeModels:
     """preprocessing: `n` rows of token ids; speculative_decoding: `steps` responses per row
-    (interleaved), each one token; postprocessing: the token as text."""
+    and sequence (interleaved), each one token; postprocessing: the token as text."""
 
-    def __init__(self, rows: int = 1, steps: int = 3, fail: str | None = None, block: threading.Event | None = None):
-        self.rows, self.steps, self.fail, self.block = rows, steps, fail, block
+    def __init__(self, rows: int = 1, steps: int = 3, fail: str | None = None, block: threading.Event | None = None,
+                 sequences: int = 1):
+        self.rows, self.steps, self.fail, self.block, self.sequences = rows, steps, fail, block, sequences
         self.calls: list[tuple[str, dict]] = []
         self.stops: list[tuple[str, str]] = []
         self.streamed: list[str] = []
@@ -79,7 +80,7 @@ class FakeModels:
         self.streamed.append(request_id)
         assert "runtime_top_k" in inputs and "top_k" not in inputs
         for step in range(self.steps):
-            for row in range(self.rows):
+            for row in range(self.rows * self.sequences):
                 if self.block is not None:
                     self.block.wait(5)
                 if self.fail == "generate":
@@ -128,6 +129,19 @@ def test_a_batch_ends_with_its_last_entry():
     BlsRequest({**INPUTS, "top_k": np.array([[1], [1]], np.int32)}, models, reply, "r").run()
     assert [(out["batch_index"].item(), final) for out, final in reply.sent] == [
         (0, False), (1, False), (0, False), (1, True)]
+
+
+@pytest.mark.parametrize("rows,asked,parameters", [
+    (2, {"num_return_sequences": np.array([[3], [3]], np.int32)}, None),
+    (1, {"sampling_parameters": np.array([[b'{"n": 3}']], object)}, None),
+    (1, {}, '{"num_return_sequences": 3}')])
+def test_several_sequences_end_with_the_last_of_every_entry(rows, asked, parameters):
+    """num_return_sequences (an input, a setting of that name or vLLM's n) answers per
+    entry: the final flag waits for every entry's every sequence."""
+    models, reply = FakeModels(rows=rows, steps=2, sequences=3), FakeReply()
+    top_k = np.ones((rows, 1), np.int32)
+    BlsRequest({**INPUTS, "top_k": top_k, **asked}, models, reply, "r", parameters=parameters).run()
+    assert [final for _, final in reply.sent] == [False] * (6 * rows - 1) + [True] and not reply.failed
 
 
 @pytest.mark.parametrize("where,message,code", [("preprocessing", "text_input is required", "INVALID_ARG"),

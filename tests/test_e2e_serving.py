@@ -167,7 +167,7 @@ BAD_BODIES = [
     ({"text_input": "hi", "sampling_parameters": json.dumps({"seed": -1})}, "seed"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"min_p": -0.1})}, "min_p"),
     ({"text_input": "hi", "sampling_parameters": json.dumps({"max_tokens": 2.5})}, "max_tokens"),
-    ({"text_input": "hi", "sampling_parameters": json.dumps({"n": 2})}, "num_return_sequences"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"n": 0})}, "num_return_sequences"),
 ]
 
 

@@ -239,9 +239,28 @@ def test_end_to_end_client_batch_inputs_answer_per_batch_index(server, model):
 
 
 @pytest.mark.parametrize("model", ENTRIES)
+def test_num_return_sequences_answer_as_single_requests_seeded_one_apart(server, model):
+    """TensorRT-LLM's num_return_sequences (vLLM's n): each sequence its own responses,
+    told apart by sequence_index, each the answer of a single request whose seed is the
+    request's plus its index; the final flag ends the last."""
+    sampled = dict(temperature=0.9, top_p=1.0, end_id=-1)
+    named = end_to_end_client_inputs(["The cat is"], 8, seed=7, num_return_sequences=3, **sampled)
+    responses = one_stream(server, model, named)
+    got = {}
+    for r in responses:
+        assert r.error is None and r.outputs["sequence_index"].shape == (1, 1), r
+        got[int(r.outputs["sequence_index"][0][0])] = r.outputs["text_output"][0].decode()
+    assert [r.final for r in responses] == [False, False, True] and sorted(got) == [0, 1, 2]
+    for s in range(3):
+        assert got[s] == texts(one_stream(server, model, end_to_end_client_inputs(["The cat is"], 8, seed=7 + s,
+                                                                                  **sampled)))
+    assert len(set(got.values())) > 1, got
+
+
+@pytest.mark.parametrize("model", ENTRIES)
 def test_values_the_engine_cannot_honour_are_refused_with_the_reason(server, model):
     for flag, reason in [({"beam_width": np.array([[2]], np.int32)}, "beam search is not supported"),
-                         ({"num_return_sequences": np.array([[2]], np.int32)}, "one sequence is generated per request"),
+                         ({"num_return_sequences": np.array([[0]], np.int32)}, "num_return_sequences must be in"),
                          ({"return_context_logits": np.array([[True]])}, "does not return logits"),
                          ({"return_generation_logits": np.array([[True]])}, "does not return logits")]:
         responses = one_stream(server, model, {**end_to_end_client_inputs(["hi"], 4), **flag})

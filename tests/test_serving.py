@@ -7,7 +7,7 @@ import pytest
 from specdec.errors import InputError
 from specdec.request import AcceptanceStats, StepOutput
 from specdec.serving import (BatchAnswer, ResponseBuilder, ResponseOptions, batch_rows, build_request,
-                             is_stop_request, refuse_batch, trtllm_sampling)
+                             is_stop_request, refuse_batch, return_sequences, trtllm_sampling)
 from specdec.wordlist import to_word_list
 
 
@@ -179,8 +179,6 @@ def test_the_inflight_clients_default_request_is_greedy_and_accepted():
 
 @pytest.mark.parametrize("extra,match", [
     (dict(beam_width=np.array([[4]], np.int32)), "beam search is not supported"),
-    (dict(num_return_sequences=np.array([[2]], np.int32)), "num_return_sequences must be 1: one sequence"),
-    (dict(num_return_sequences=np.array([[0]], np.int32)), "num_return_sequences must be 1"),
     (dict(return_context_logits=np.array([[True]])), "return_context_logits is not supported"),
     (dict(return_generation_logits=np.array([[True]])), "return_generation_logits is not supported"),
 ])
@@ -213,9 +211,26 @@ def test_a_batch_becomes_one_request_per_entry():
     assert [(r.input_ids, r.max_tokens, o.batch_index) for r, o in built] == [([5, 6, 7], 4, 0), ([8, 9], 5, 1)]
     with pytest.raises(InputError, match="every input needs one row per entry"):
         build_request("r", batch_rows(_getter(**{**batch, "temperature": np.array([[0.5]], np.float32)}))[1])
-    with pytest.raises(InputError, match="needs the model in decoupled mode"):
-        refuse_batch(2, decoupled=False)
+    for rows, answers in ((2, 2), (1, 3)):
+        with pytest.raises(InputError, match="needs the model in decoupled mode"):
+            refuse_batch(rows, answers, decoupled=False)
+        refuse_batch(rows, answers, decoupled=True)
+    refuse_batch(1, 1, decoupled=False)
     assert len(batch_rows(_getter(**BASE))) == 1
+
+
+def test_each_return_sequence_draws_with_its_own_seed_and_says_which_it_is():
+    get = _getter(**{**BASE, "num_return_sequences": np.array([[3]], np.int32),
+                     "random_seed": np.array([[2 ** 64 - 2]], np.uint64)})
+    assert return_sequences(get) == 3 and return_sequences(_getter(**BASE)) == 1
+    built = [build_request(f"r{s}", get, sequence_index=s) for s in range(3)]
+    assert [(r.sampling.seed, o.sequence_index) for r, o in built] == [(2 ** 64 - 2, 0), (2 ** 64 - 1, 1), (0, 2)]
+    assert build_request("r", _getter(**BASE), sequence_index=2)[0].sampling.seed is None  # unseeded: drawn
+    b = ResponseBuilder([1], built[2][1])
+    assert b.add(StepOutput("r", [5], [], True, "length"))["sequence_index"].tolist() == [[2]]
+    for n in (0, 129):
+        with pytest.raises(InputError, match=r"num_return_sequences must be in \[1, 128\]"):
+            return_sequences(_getter(**{**BASE, "num_return_sequences": np.array([[n]], np.int32)}))
 
 
 SCALARS = {"sequence_length": np.int32, "cum_log_probs": np.float32, "batch_index": np.int32,

@@ -156,6 +156,21 @@ def _rows(tensors: Tensors) -> int:
     return 1 if ids is None or ids.ndim < 2 else int(ids.shape[0])
 
 
+def _answers(tensors: Tensors, settings: dict) -> int:
+    """The answers speculative_decoding sends, each ended by its own final response: each
+    batch entry's num_return_sequences (the input, else a setting of that name or vLLM's
+    `n`). A value it refuses makes its error the one answer."""
+    rows, sent = _rows(tensors), tensors.get("num_return_sequences")
+    if sent is not None:
+        values = np.asarray(sent).reshape(-1).tolist()
+        return sum(max(1, int(v)) for v in values) if len(values) == rows else rows
+    value = settings.get("num_return_sequences", settings.get("n", 1))
+    try:
+        return rows * max(1, int(value))
+    except (TypeError, ValueError):
+        return rows
+
+
 @dataclass
 class BlsRequest:
     """One request to `tensorrt_llm_bls`: `run()` in a worker thread, `cancel()` from any."""
@@ -198,7 +213,8 @@ class BlsRequest:
         if settings:
             tensors[SAMPLING_PARAMETERS] = np.array([[json.dumps(settings).encode("utf-8")]], dtype=np.object_)
         take_outputs(pre, self.models.call(pre.model, step_inputs(pre, tensors)), tensors)
-        rows, finished = _rows(tensors), 0
+        answers = _answers(tensors, parse_parameters(self.parameters, tensors.get(SAMPLING_PARAMETERS)))
+        finished = 0
         with self._lock:
             cancelled = self._cancelled
             self._generating = not cancelled
@@ -213,12 +229,12 @@ class BlsRequest:
             take_outputs(post, self.models.call(post.model, step_inputs(post, step)), step)
             final_tensor = step.get("_IS_FINAL")
             finished += 1 if final_tensor is None or bool(np.asarray(final_tensor).reshape(-1)[0]) else 0
-            # speculative_decoding ends with the response that ends its last batch entry
-            self.reply.send({name: step[name] for name in OUTPUTS if name in step}, final=finished >= rows)
-            if finished < rows and self.reply.is_cancelled():
+            # speculative_decoding ends with the response that ends its last answer
+            self.reply.send({name: step[name] for name in OUTPUTS if name in step}, final=finished >= answers)
+            if finished < answers and self.reply.is_cancelled():
                 self.cancel()  # a stream notices at its next response, before any poll does
-        if finished < rows:  # the stream ended early (cannot happen unless a model misbehaves)
-            self.reply.fail(f"{self.generate_model} ended after {finished} of {rows} batch entries", "INTERNAL")
+        if finished < answers:  # the stream ended early (cannot happen unless a model misbehaves)
+            self.reply.fail(f"{self.generate_model} ended after {finished} of {answers} answers", "INTERNAL")
 
     def cancel(self) -> None:
         """The client went away: stop the engine's request (once), or never start it."""

@@ -32,6 +32,7 @@ class ResponseOptions:
     streaming: bool = False
     exclude_input_in_output: bool = False  # not streaming only: a stream never repeats the prompt
     batch_index: int = 0  # the entry's row in its Triton request (TensorRT-LLM's `batch_index`)
+    sequence_index: int = 0  # which of the entry's num_return_sequences answers (TensorRT-LLM's `sequence_index`)
 
 
 def _first(get: Getter, names: tuple[str, ...], kind: str, default=None):
@@ -64,6 +65,7 @@ def batch_rows(get: Getter) -> list[Getter]:
     return row_getters(get, batch_entries(get))
 
 
+MAX_RETURN_SEQUENCES = 128  # sequences per batch entry (OpenAI's limit on n)
 # vLLM's backend sends these outputs when asked; here they are on every response.
 VLLM_OUTPUT_FLAGS = ("return_finish_reason", "return_cumulative_logprob", "return_num_input_tokens",
                      "return_num_output_tokens")
@@ -113,9 +115,6 @@ def _refuse_unsupported(get: Getter) -> None:
     beam_width = _first(get, ("beam_width",), "int", 1)
     validate_that(beam_width == 1, f"beam_width must be 1: beam search is not supported (speculative "
                                    f"decoding verifies one sequence per request), got {beam_width}")
-    n = _first(get, ("num_return_sequences",), "int", 1)
-    validate_that(n == 1, f"num_return_sequences must be 1: one sequence is generated per request "
-                          f"(send the request {n} times, with different seeds, for {n} samples), got {n}")
     for name in ("return_context_logits", "return_generation_logits"):
         validate_that(not _first(get, (name,), "bool", False),
                       f"{name} is not supported: the engine does not return logits "
@@ -125,14 +124,23 @@ def _refuse_unsupported(get: Getter) -> None:
         _first(get, (name,), "bool")
 
 
-def build_request(request_id: str, get: Getter, exclude_input_default: bool = False, batch_index: int = 0
-                  ) -> tuple[GenerationRequest, ResponseOptions]:
+def return_sequences(get: Getter) -> int:
+    """How many sequences one batch entry asks for (`num_return_sequences`, vLLM's `n`)."""
+    n = _first(get, ("num_return_sequences",), "int", 1)
+    validate_that(1 <= n <= MAX_RETURN_SEQUENCES,
+                  f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
+    return n
+
+
+def build_request(request_id: str, get: Getter, exclude_input_default: bool = False, batch_index: int = 0,
+                  sequence_index: int = 0) -> tuple[GenerationRequest, ResponseOptions]:
     """A `GenerationRequest` from one batch entry's TensorRT-LLM-named inputs; raises
-    `InputError` naming the field.
+    `InputError` naming the field. `sequence_index` s of the entry's `return_sequences`:
+    its seed, if one was sent, is seed + s, so that the sequences differ and repeat.
 
     Validation against the model (vocabulary, context, max_tokens limit) is the
     engine's, in `Engine.submit`; here only types, shapes, TensorRT-LLM's conventions
-    and what the engine cannot express (beam search, several sequences, logits).
+    and what the engine cannot express (beam search, logits).
     """
     ids = token_ids(get("input_ids"), "input_ids")
     length = _first(get, ("input_lengths",), "int", len(ids))
@@ -153,7 +161,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
                                                 _first(get, ("runtime_top_p", "top_p"), "float"), min_p)
     sampling = SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        seed=_first(get, ("seed", "random_seed"), "int"),
+        seed=_seed(_first(get, ("seed", "random_seed"), "int"), sequence_index),
         repetition_penalty=_first(get, ("repetition_penalty",), "float", 1.0),
         presence_penalty=_first(get, ("presence_penalty",), "float", 0.0),
         frequency_penalty=_first(get, ("frequency_penalty",), "float", 0.0),
@@ -181,9 +189,14 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
     options = ResponseOptions(
         streaming=_first(get, ("streaming", "stream"), "bool", False),
         exclude_input_in_output=_first(get, ("exclude_input_in_output",), "bool", exclude_input_default),
-        batch_index=batch_index,
+        batch_index=batch_index, sequence_index=sequence_index,
     )
     return request, options
+
+
+def _seed(seed: Optional[int], sequence_index: int) -> Optional[int]:
+    """Sequence s of a request draws with seed + s (wrapping, as the seed input is UINT64)."""
+    return seed if seed is None or seed < 0 else (seed + sequence_index) % 2 ** 64  # (a negative one is refused)
 
 
 def _one(value, dtype) -> np.ndarray:
@@ -257,7 +270,7 @@ class ResponseBuilder:
             "prompt_top_token_ids": _top(self.prompt_top, 0, np.int32),
             "prompt_top_log_probs": _top(self.prompt_top, 1, np.float32),
             "batch_index": _one(self.options.batch_index, np.int32),
-            "sequence_index": _one(0, np.int32),
+            "sequence_index": _one(self.options.sequence_index, np.int32),
             "kv_cache_alloc_new_blocks": _one(int(scheduled), np.int32),
             "kv_cache_reused_blocks": _one(0, np.int32),
             "kv_cache_alloc_total_blocks": _one(int(scheduled), np.int32),
@@ -291,11 +304,13 @@ def _top(alternatives: list[list[tuple[int, float]]], field_index: int, dtype) -
 
 @dataclass
 class BatchAnswer:
-    """The answers of one Triton request, one `ResponseBuilder` per batch entry.
+    """The answers of one Triton request, one `ResponseBuilder` per answer: each batch
+    entry's num_return_sequences of them.
 
-    Each entry is its own engine request and sends its own responses, told apart by
-    `batch_index`; Triton's final flag goes with the response that ends the last
-    entry still running (TensorRT-LLM's backend does the same for batch size > 1).
+    Each answer is its own engine request and sends its own responses, told apart by
+    `batch_index` and `sequence_index`; Triton's final flag goes with the response that
+    ends the last answer still running (TensorRT-LLM's backend does the same for batch
+    size > 1).
     """
 
     builders: list[ResponseBuilder]
@@ -304,16 +319,19 @@ class BatchAnswer:
     def __post_init__(self):
         self.running = set(range(len(self.builders)))
 
-    def add(self, row: int, step: StepOutput) -> tuple[Optional[dict[str, np.ndarray]], bool]:
+    def add(self, answer: int, step: StepOutput) -> tuple[Optional[dict[str, np.ndarray]], bool]:
         """(the arrays to send or None, whether that response is the request's last)."""
-        arrays = self.builders[row].add(step)
+        arrays = self.builders[answer].add(step)
         if step.finished:
-            self.running.discard(row)
+            self.running.discard(answer)
         return arrays, arrays is not None and not self.running
 
 
-def refuse_batch(n: int, decoupled: bool) -> None:
-    """A batch of several entries needs a response per entry: decoupled mode only."""
-    if n > 1 and not decoupled:
-        raise InputError(f"a request with {n} batch entries needs the model in decoupled mode "
-                         f"(decoupled_mode:true): each entry is answered by its own responses")
+def refuse_batch(rows: int, answers: int, decoupled: bool) -> None:
+    """A request answered by several engine requests (`rows` batch entries, and each
+    entry's num_return_sequences: `answers` in all) needs responses of its own for each:
+    decoupled mode only."""
+    if answers > 1 and not decoupled:
+        what = f"{rows} batch entries" if rows > 1 else f"num_return_sequences {answers}"
+        raise InputError(f"a request with {what} needs the model in decoupled mode "
+                         f"(decoupled_mode:true): each answer is sent in its own responses")

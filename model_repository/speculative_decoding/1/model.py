@@ -50,7 +50,7 @@ from specdec.model_config import flag, is_decoupled, string_params
 from specdec.request import METHODS, StepOutput
 from specdec.request_parameters import SAMPLING_PARAMETERS, ParameterInputs, parse_parameters, setting_names
 from specdec.serving import (BatchAnswer, ResponseBuilder, batch_entries, batch_rows, build_request,
-                             is_stop_request, refuse_batch)
+                             is_stop_request, refuse_batch, return_sequences)
 from specdec.triton_glue import input_reader, request_parameters, triton_error
 
 ADAPTER_PARAMS = ("exclude_input_in_output",)
@@ -108,7 +108,7 @@ class TritonPythonModel:
                 self._counter(spec.field, method)
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[_Pending, int]] = {}  # engine request id -> (request, batch row)
+        self._entries: dict[str, tuple[_Pending, int]] = {}  # engine request id -> (request, its answer)
         self._open: set[_Pending] = set()  # requests not yet answered in full
         self._stop = threading.Event()
         self._watcher = None
@@ -147,21 +147,26 @@ class TritonPythonModel:
 
     def _submit(self, pending: _Pending, get) -> None:
         rows = batch_rows(get)
-        refuse_batch(len(rows), self.decoupled)
+        # one engine request per answer: each batch entry's num_return_sequences of them
+        answers = [(row, sequence, get_row) for row, get_row in enumerate(rows)
+                   for sequence in range(return_sequences(get_row))]
+        refuse_batch(len(rows), len(answers), self.decoupled)
         n = next(self._ids)
         built, builders = [], []
-        for row, get_row in enumerate(rows):
-            engine_id = f"{n}.{row}:{pending.triton_id}" if len(rows) > 1 else f"{n}:{pending.triton_id}"
-            gen, options = build_request(engine_id, get_row, self.exclude_input_default, batch_index=row)
+        for row, sequence, get_row in answers:
+            engine_id = (f"{n}.{row}.{sequence}:{pending.triton_id}" if len(answers) > 1
+                         else f"{n}:{pending.triton_id}")
+            gen, options = build_request(engine_id, get_row, self.exclude_input_default, batch_index=row,
+                                         sequence_index=sequence)
             if options.streaming and not self.decoupled:
                 raise InputError("stream=true needs the model in decoupled mode (decoupled_mode:true)")
             built.append(gen)
             builders.append(ResponseBuilder(prompt=list(gen.input_ids), options=options))
         pending.answer = BatchAnswer(builders)
         with self._lock:
-            for row, gen in enumerate(built):
+            for answer, gen in enumerate(built):
                 pending.engine_ids.append(gen.request_id)
-                self._entries[gen.request_id] = (pending, row)
+                self._entries[gen.request_id] = (pending, answer)
             self._open.add(pending)
         try:
             for gen in built:
@@ -198,13 +203,13 @@ class TritonPythonModel:
             entry = self._entries.get(engine_id)
         if entry is None:  # already answered (failed or closed)
             return
-        pending, row = entry
+        pending, answer = entry
         try:
             if step.error is not None or step.finish_reason == "error":
                 self._cancel(pending)  # the request's other entries
                 self._fail(pending, _error(step.error or "generation failed", "INTERNAL"))
                 return
-            arrays, last = pending.answer.add(row, step)
+            arrays, last = pending.answer.add(answer, step)
             if arrays is None:
                 return
             with pending.send_lock:
