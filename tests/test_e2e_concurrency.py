@@ -192,6 +192,28 @@ def scrape(server) -> dict[tuple[str, str], float]:
     return out
 
 
+def load_gauges(server) -> dict[tuple[str, str], float]:
+    """speculative_decoding's load gauges, TensorRT-LLM's: {(family, label value): value}."""
+    text = requests.get(f"http://localhost:{server.metrics_port}/metrics", timeout=10).text
+    out = {}
+    for name, labels, value in re.findall(r"^(nv_trt_llm_\w+)\{([^}]*)\} (\S+)$", text, re.M):
+        if 'model="speculative_decoding"' in labels:
+            kind = re.search(r'(?:request_type|kv_cache_block_type|inflight_batcher_specific_metric|general_type)'
+                             r'="([^"]*)"', labels).group(1)
+            out[(name, kind)] = float(value)
+    return out
+
+
+def until_gauges(server, want: dict, timeout_s: float = 5.0) -> dict:
+    """The gauges once they show `want` (they are set every half second), or the last read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = load_gauges(server)
+        if all(got.get(k) == v for k, v in want.items()) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
 class ReadyWatch:
     """Polls the server's readiness in the background; `failures` counts non-ready answers."""
 
@@ -346,6 +368,13 @@ def test_full_queue_answers_an_error_at_once(small):
     queued = Stream(small, "ensemble", text_request("queued", 4))
     try:
         time.sleep(0.5)  # let it reach the engine's queue (its one place)
+        # TensorRT-LLM's load gauges say so: 2 of 2 slots (its "blocks") used, one waiting
+        requests_, blocks = "nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics"
+        busy = {(requests_, "active"): 2, (requests_, "waiting"): 1, (requests_, "max"): 2,
+                (blocks, "used"): 2, (blocks, "free"): 0, (blocks, "fraction"): 1.0}
+        got = until_gauges(small, busy)
+        assert {k: got.get(k) for k in busy} == busy, got
+        assert got[(blocks, "tokens_per")] >= LONG and got[("nv_trt_llm_general_metrics", "iteration_counter")] > 0
         t0 = time.monotonic()
         stream = Stream(small, "ensemble", text_request("refused", 4))
         refused = stream.read(timeout_s=10)
@@ -361,6 +390,10 @@ def test_full_queue_answers_an_error_at_once(small):
     answer = queued.read(timeout_s=60)  # the cancelled requests' slots take the queued one
     assert answer.final and answer.error is None
     queued.close()
+    idle = {("nv_trt_llm_request_metrics", "active"): 0, ("nv_trt_llm_request_metrics", "waiting"): 0,
+            ("nv_trt_llm_kv_cache_block_metrics", "free"): 2}
+    got = until_gauges(small, idle)
+    assert {k: got.get(k) for k in idle} == idle, got
 
 
 def test_cancelled_streams_free_their_slots(small):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
-from specdec.engine import EngineMetrics
-from specdec.metrics import COUNTERS, CounterExport, metric_labels
+from specdec.engine import EngineLoad, EngineMetrics, StepLoad
+from specdec.metrics import COUNTERS, GAUGES, CounterExport, gauge_labels, gauge_values, metric_labels
 
 
 class Clock:
@@ -105,3 +105,34 @@ def test_run_batch_counts_requests_under_their_method(engine):
     run_batch(engine, [request(code_prompts(1)[0][:16], 4, "draft_model", rid="d")])
     got = _as_dict(export.increments(engine.metrics))
     assert got[("requests", "draft_model")] == 1
+
+
+def test_load_gauges_are_tensorrt_llms_and_add_up():
+    load = EngineLoad(running=3, waiting=2, slots=4, slot_tokens=2112, iterations=7,
+                      last_step=StepLoad(context_requests=1, context_tokens=40, generation_requests=3, unix_time=5.5))
+    got = gauge_values(load)
+    assert {name for name, _ in got} == {spec.name for spec in GAUGES}
+    assert all(name.startswith("nv_trt_llm_") for name, _ in got)
+    requests_, blocks, batcher, general = (spec.name for spec in GAUGES)
+    assert (got[requests_, "active"], got[requests_, "waiting"], got[requests_, "max"]) == (3, 2, 4)
+    assert (got[requests_, "scheduled"], got[requests_, "context"]) == (4, 1)
+    assert got[blocks, "used"] + got[blocks, "free"] == got[blocks, "max"] == 4 and got[blocks, "fraction"] == 0.75
+    assert (got[batcher, "total_context_tokens"], got[general, "timestamp"]) == (40, 5)
+    assert gauge_labels("m", "1", GAUGES[1], "used") == {"model": "m", "version": "1", "kv_cache_block_type": "used"}
+
+
+def test_the_engine_reports_its_load(engine):
+    before = engine.load()
+    assert before.running == before.waiting == 0 and before.slots == engine.num_slots
+    prompts = code_prompts(2, max_tokens=32)
+    for i in range(engine.num_slots + 1):  # one more than the slots: it waits
+        engine.submit(request(prompts[i % 2], 6, "eagle2", rid=f"load{i}"), lambda o: None)
+    engine.step()
+    busy = engine.load()
+    assert (busy.running, busy.waiting) == (engine.num_slots, 1)
+    assert busy.iterations == before.iterations + 1 and busy.last_step.context_requests == engine.num_slots
+    assert busy.last_step.context_tokens == sum(len(prompts[i % 2]) for i in range(engine.num_slots))
+    while engine.num_active:
+        engine.step()
+    idle = engine.load()
+    assert (idle.running, idle.waiting) == (0, 0) and idle.last_step.unix_time >= busy.last_step.unix_time

@@ -89,6 +89,28 @@ class RequestState:
     copy_offered: list = field(default_factory=list)  # prompt lookup's copy grafted onto this step's tree
 
 
+@dataclass(frozen=True)
+class StepLoad:
+    """What one engine step scheduled."""
+
+    context_requests: int = 0  # prompts prefilled
+    context_tokens: int = 0  # their tokens
+    generation_requests: int = 0  # requests decoded (a tree verified or a plain step)
+    unix_time: float = 0.0  # when it ended (time.time())
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds now (exported as load gauges, TensorRT-LLM's, by metrics.py)."""
+
+    running: int  # requests holding a KV slot
+    waiting: int  # requests queued for one
+    slots: int  # KV slots: the most requests decoded together
+    slot_tokens: int  # positions of one slot: prompt, output and a step's tree
+    iterations: int  # engine steps so far (load-time calibration included)
+    last_step: StepLoad
+
+
 @dataclass
 class EngineMetrics:
     """Server-wide counters (exported as Triton custom metrics), per method."""
@@ -162,6 +184,8 @@ class Engine:
                                                         for name in ("graphs", "loop_graphs")] if g is not None]
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
         self.metrics = EngineMetrics()
+        self.iterations = 0  # engine steps so far
+        self.last_step = StepLoad()
         self._seeds = random.Random(config.seed)  # seeds of requests that send none
         self._waiting: collections.deque = collections.deque()
         self._running: list[RequestState] = []
@@ -273,6 +297,13 @@ class Engine:
     def num_active(self) -> int:
         return len(self._running) + len(self._waiting)
 
+    def load(self) -> EngineLoad:
+        """A snapshot for load gauges; safe from any thread."""
+        with self._lock:
+            waiting = len(self._waiting)
+        return EngineLoad(running=self.num_slots - self.slots.available, waiting=waiting, slots=self.num_slots,
+                          slot_tokens=self.cache_positions, iterations=self.iterations, last_step=self.last_step)
+
     # -- the loop ------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
@@ -290,10 +321,13 @@ class Engine:
     def step(self) -> None:
         """One iteration: admit + prefill newcomers, then one decode/verify step."""
         self._apply_cancellations()
-        self._admit()
+        newcomers = self._admit()
+        decoded = len(self._running)
         if self._running:
             # By slot: consecutive slots let attention read the KV cache in place.
             self._decode(sorted(self._running, key=lambda s: s.slot))
+        self.iterations += 1
+        self.last_step = StepLoad(len(newcomers), sum(s.prompt_len for s in newcomers), decoded, time.time())
 
     def _apply_cancellations(self) -> None:
         with self._lock:
@@ -309,7 +343,8 @@ class Engine:
             if state.req.request_id in cancel:
                 self._finish(state, [], "cancelled")
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[RequestState]:
+        """Takes waiting requests into free slots and prefills them; returns them."""
         newcomers: list[RequestState] = []
         while self.slots.available:
             with self._lock:
@@ -332,6 +367,7 @@ class Engine:
             except Exception as e:
                 for state in states:
                     self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
+        return newcomers
 
     def _prefill(self, states: list[RequestState]) -> None:
         """One target forward over the prompts of `states`, padded to the longest (the

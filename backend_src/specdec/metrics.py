@@ -4,7 +4,8 @@ Owns the names, descriptions and labels of the counters that the `speculative_de
 adapter exports on Triton's metrics port, and the bookkeeping that turns the engine's
 cumulative `EngineMetrics` (server-wide, per method) into increments since the last
 export. The adapter only creates `pb_utils.MetricFamily` counters from `COUNTERS` and
-applies what `CounterExport.increments` returns.
+applies what `CounterExport.increments` returns. Also the load gauges, in TensorRT-LLM's
+names (`GAUGES`, `gauge_values`), which the adapter sets from `Engine.load()`.
 
 Derived figures (docs/DESIGN.md, "Metrics"), over any interval, per method:
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # only for annotations: this module needs neither torch nor the engine
-    from .engine import EngineMetrics
+    from .engine import EngineLoad, EngineMetrics
 
 TAU = "τ = emitted_tokens / verify_steps"
 ACCEPTANCE = "acceptance rate = accepted_draft_tokens / draft_tokens"
@@ -48,6 +49,54 @@ COUNTERS = (
                 f"Tokens emitted by verify steps, accepted drafts + 1 bonus each, per method ({TAU})"),
     CounterSpec("requests", "specdec_requests_total", "Requests admitted to the engine, per requested method"),
 )
+
+
+@dataclass(frozen=True)
+class GaugeSpec:
+    name: str  # the metric family: TensorRT-LLM's backend's name
+    label: str  # the label that tells its values apart
+    description: str
+
+
+# The load gauges TensorRT-LLM's Triton backend exports, under its names and labels, so
+# that dashboards and autoscalers built on them read this engine too. Its "block" is a
+# request's KV slot here (one per request, as many positions as the longest request).
+GAUGES = (
+    GaugeSpec("nv_trt_llm_request_metrics", "request_type", "TRT LLM request metrics"),
+    GaugeSpec("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "TRT LLM KV cache block metrics"),
+    GaugeSpec("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
+              "TRT LLM inflight_batcher-specific metrics"),
+    GaugeSpec("nv_trt_llm_general_metrics", "general_type", "General TRT LLM metrics"),
+)
+
+
+def gauge_values(load: EngineLoad) -> dict[tuple[str, str], float]:
+    """{(gauge family, label value): value} for an `Engine.load()` snapshot.
+
+    requests: active (holding a slot), waiting (queued for one), max (slots), and of the
+    last step: scheduled (its requests), context (its prompts prefilled). KV blocks: max,
+    used, free, fraction (used / max), tokens_per (positions of a slot). In-flight
+    batcher, the last step: generation_requests, total_context_tokens, micro_batch_id 0.
+    General: iteration_counter (steps), timestamp (the last step's end, unix seconds).
+    """
+    step = load.last_step
+    requests, blocks, batcher, general = (spec.name for spec in GAUGES)
+    return {
+        (requests, "active"): load.running, (requests, "waiting"): load.waiting, (requests, "max"): load.slots,
+        (requests, "scheduled"): step.context_requests + step.generation_requests,
+        (requests, "context"): step.context_requests,
+        (blocks, "max"): load.slots, (blocks, "used"): load.running, (blocks, "free"): load.slots - load.running,
+        (blocks, "fraction"): load.running / load.slots if load.slots else 0.0,
+        (blocks, "tokens_per"): load.slot_tokens,
+        (batcher, "generation_requests"): step.generation_requests,
+        (batcher, "total_context_tokens"): step.context_tokens, (batcher, "micro_batch_id"): 0,
+        (general, "iteration_counter"): load.iterations, (general, "timestamp"): int(step.unix_time),
+    }
+
+
+def gauge_labels(model: str, version: str, spec: GaugeSpec, value: str) -> dict[str, str]:
+    """Labels of one gauge value, as TensorRT-LLM's backend sets them."""
+    return {"model": model, "version": version, spec.label: value}
 
 
 def metric_labels(model: str, version: str, method: str) -> dict[str, str]:

@@ -20,7 +20,9 @@ TensorRT-LLM's `stop` requests → `Engine.cancel`.
 - Metrics: the engine's per-method counters become Triton custom metrics on the
   metrics port (`specdec.metrics`: names, labels, increments since the last export),
   exported from the engine thread on emission, at most once a second and on every
-  request's final output.
+  request's final output; and load gauges in TensorRT-LLM's names (requests active and
+  waiting, KV slots used and free, the last step), set by a thread of their own every
+  LOAD_POLL_S.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from specdec.bls import STEPS
 from specdec.config import EngineConfig
 from specdec.engine import Engine
 from specdec.errors import BusyError, InputError
-from specdec.metrics import COUNTERS, CounterExport, metric_labels
+from specdec.metrics import COUNTERS, GAUGES, CounterExport, gauge_labels, gauge_values, metric_labels
 from specdec.model_config import flag, is_decoupled, string_params
 from specdec.request import METHODS, StepOutput
 from specdec.request_parameters import SAMPLING_PARAMETERS, ParameterInputs, parse_parameters, setting_names
@@ -55,6 +57,7 @@ from specdec.triton_glue import input_reader, request_parameters, triton_error
 
 ADAPTER_PARAMS = ("exclude_input_in_output",)
 CANCEL_POLL_S = 0.2
+LOAD_POLL_S = 0.5  # how often the load gauges are brought up to date
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -116,6 +119,14 @@ class TritonPythonModel:
             self._watcher = threading.Thread(target=self._watch_cancellation, daemon=True,
                                              name="specdec-cancel-watcher")
             self._watcher.start()
+        gauge_families = {spec.name: pb_utils.MetricFamily(name=spec.name, description=spec.description,
+                                                            kind=pb_utils.MetricFamily.GAUGE) for spec in GAUGES}
+        specs = {spec.name: spec for spec in GAUGES}
+        self._gauges = {key: gauge_families[key[0]].Metric(labels=gauge_labels(*self._labels, specs[key[0]], key[1]))
+                        for key in gauge_values(self.engine.load())}
+        self._gauge_families = list(gauge_families.values())
+        self._load_watcher = threading.Thread(target=self._watch_load, daemon=True, name="specdec-load-gauges")
+        self._load_watcher.start()
 
     def execute(self, requests):
         answered = []
@@ -288,8 +299,24 @@ class TritonPythonModel:
                     self._cancel(pending)
             cancelled &= set(pendings)
 
+    def _watch_load(self) -> None:
+        """Sets the load gauges (TensorRT-LLM's names, `specdec.metrics.GAUGES`) every
+        LOAD_POLL_S, those that changed only (each set is a round trip to the server)."""
+        shown: dict = {}
+        while True:
+            try:
+                for key, value in gauge_values(self.engine.load()).items():
+                    if shown.get(key) != value:
+                        self._gauges[key].set(value)
+                        shown[key] = value
+            except Exception as e:  # metrics must never fail the model
+                self.logger.log_warn(f"speculative_decoding: exporting load gauges: {e!r}")
+            if self._stop.wait(LOAD_POLL_S):
+                return
+
     def finalize(self):
         self._stop.set()
+        self._load_watcher.join(timeout=2)
         if self._watcher is not None:
             self._watcher.join(timeout=2)
         self.engine.shutdown()
@@ -298,4 +325,5 @@ class TritonPythonModel:
         for pending in left:
             self._fail(pending, _error("the model is shutting down", "INTERNAL"))
         self._counters.clear()  # Triton requires metrics to go before their families
+        self._gauges.clear()
         self._families.clear()
