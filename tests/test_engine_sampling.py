@@ -180,17 +180,20 @@ def test_top_k_top_p_rank_only_what_they_can_keep_and_equal_ranking_everything(s
     temperature = torch.rand(B, generator=gen) + 0.5
     settings = [(0, 0.9, 0.0), (5, 1.0, 0.0), (0, 1.0, 0.05), (40, 0.7, 0.0), (3, 0.5, 0.0), (0, 0.99, 0.2)]
     settings = [settings[i] for i in torch.randperm(B, generator=gen).tolist()]
-    rankings = []
+    rankings, in_full = [], []  # the candidates ranked per call; the rows ranked in full again
     monkeypatch.setattr(sampling_module, "_truncated", lambda scaled, cut, ranked: (
-        rankings.append(ranked), truncated(scaled, cut, ranked))[1])
+        rankings.append(ranked), ranked == V and in_full.append(scaled.shape[0]), truncated(scaled, cut, ranked))[2])
     ranked = {}
+    cuts_nothing = (0, 1.0, 0.0)
     for name, rows in (("mixed", settings), ("top-k everywhere", [(k or 7, p, m) for k, p, m in settings]),
-                       ("top-p alone", [(0, 0.9, 0.0)] * B), ("min-p alone", [(0, 1.0, 0.5)] * B)):
+                       ("top-p alone", [(0, 0.9, 0.0)] * B), ("min-p alone", [(0, 1.0, 0.5)] * B),
+                       ("one row cuts", [(0, 0.5, 0.0)] + [cuts_nothing] * (B - 1))):
         params = SamplingTensors(temperature, torch.tensor([k for k, _, _ in rows]),
                                  torch.tensor([p for _, p, _ in rows]), truncate=True,
                                  top_k_bound=max(k for k, _, _ in rows) if all(k for k, _, _ in rows) else 0,
                                  min_p=torch.tensor([m for _, _, m in rows]))
         rankings.clear()
+        in_full.clear()
         probs = probabilities(logits, params)
         for b, (k, p, m) in enumerate(rows):
             for n in range(N):
@@ -200,7 +203,10 @@ def test_top_k_top_p_rank_only_what_they_can_keep_and_equal_ranking_everything(s
     # the largest top-k first (more than the 16 candidates), then the flat rows again in full;
     # where every row has a top-k, only its largest; top-p or min-p alone: the candidates,
     # then in full (the flattest row keeps most of the vocabulary, at either setting)
-    assert ranked == {"mixed": [40, V], "top-k everywhere": [40], "top-p alone": [16, V], "min-p alone": [16, V]}
+    assert {name: r for name, r in ranked.items() if name != "one row cuts"} == {
+        "mixed": [40, V], "top-k everywhere": [40], "top-p alone": [16, V], "min-p alone": [16, V]}
+    # rows that cut nothing take the plain softmax, beside a row that cuts: at most its N nodes again
+    assert ranked["one row cuts"][0] == 16 and sum(in_full) <= N, in_full
     # min-p alone over peaked rows: nothing kept past the candidates, nothing ranked again
     rankings.clear()
     peaked = SamplingTensors(temperature, torch.zeros(B, dtype=torch.long), torch.ones(B), truncate=True,

@@ -139,10 +139,16 @@ def probabilities(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor
     if not reads_are_free(scaled.device):
         return _truncated(scaled, cut, V)[0]
     probs, spilled = _truncated(scaled, cut, min(V, max(TOP_P_CANDIDATES, int(params.top_k.max()))))
-    rows = spilled.nonzero()  # [R, 2]: (b, n) of the rows to rank again in full
+    # Rows that cut nothing (sampled beside rows that do) take the plain softmax: they would
+    # spill, and ranking a whole vocabulary per node is what the candidates save.
+    whole = (cut.k >= V) & (cut.top_p >= 1.0) & torch.isneginf(cut.log_min_p)  # [B]
+    rows = (spilled & ~whole[:, None]).nonzero()  # [R, 2]: (b, n) of the rows to rank again in full
     if len(rows):
         b, n = rows[:, 0], rows[:, 1]
         probs[b, n] = _truncated(scaled[b, n][:, None], cut.rows(b), V)[0][:, 0]
+    plain = whole.nonzero().flatten()
+    if len(plain):
+        probs[plain] = torch.softmax(scaled[plain], dim=-1)
     return probs
 
 
