@@ -31,7 +31,7 @@ from typing import Iterator, Optional, Protocol
 import numpy as np
 
 from .errors import InputError
-from .request_parameters import SAMPLING_PARAMETERS, parse_parameters
+from .request_parameters import SAMPLING_PARAMETERS, parse_parameters, setting_names
 
 Tensors = dict[str, np.ndarray]
 
@@ -85,6 +85,8 @@ STEPS = (
          {"OUTPUT": "text_output", **{"OUT_" + name.upper(): name for name in _METRICS}}),
 )
 OUTPUTS = ("text_output", "context_logits", "generation_logits") + _METRICS  # the ensemble's outputs
+# the settings that stand for speculative_decoding's num_return_sequences (vLLM's `n` among them)
+_SEQUENCE_SETTINGS = setting_names(STEPS[1].input_map)["num_return_sequences"]
 
 
 class ModelError(Exception):
@@ -164,7 +166,7 @@ def _answers(tensors: Tensors, settings: dict) -> int:
     if sent is not None:
         values = np.asarray(sent).reshape(-1).tolist()
         return sum(max(1, int(v)) for v in values) if len(values) == rows else rows
-    value = settings.get("num_return_sequences", settings.get("n", 1))
+    value = next((settings[name] for name in _SEQUENCE_SETTINGS if name in settings), 1)
     try:
         return rows * max(1, int(value))
     except (TypeError, ValueError):
@@ -209,11 +211,13 @@ class BlsRequest:
     def _run(self) -> None:
         pre, generate, post = STEPS
         tensors = dict(self.inputs)
-        settings = parse_parameters(self.parameters, tensors.get(SAMPLING_PARAMETERS)) if self.parameters else {}
+        sent = tensors.get(SAMPLING_PARAMETERS)
+        settings = parse_parameters(self.parameters, sent) if self.parameters else {}
         if settings:
             tensors[SAMPLING_PARAMETERS] = np.array([[json.dumps(settings).encode("utf-8")]], dtype=np.object_)
         take_outputs(pre, self.models.call(pre.model, step_inputs(pre, tensors)), tensors)
-        answers = _answers(tensors, parse_parameters(self.parameters, tensors.get(SAMPLING_PARAMETERS)))
+        # without request parameters the sent settings were not read here yet (preprocessing checked them)
+        answers = _answers(tensors, settings if self.parameters else parse_parameters(None, sent))
         finished = 0
         with self._lock:
             cancelled = self._cancelled

@@ -42,7 +42,7 @@ LITERAL_WORDS = ("stop",)
 SAMPLING_PARAMETERS = "sampling_parameters"  # the ensemble's input (preprocessing's SAMPLING_PARAMETERS)
 # Ensemble inputs that are not settings: the text, and lists of numbers (a parameter is one value).
 _NOT_SETTINGS = ("text_input", "embedding_bias_words", "embedding_bias_weights", SAMPLING_PARAMETERS)
-# vLLM's names for the same settings: its `n` answers per prompt meets the same refusal above 1
+# vLLM's names for the same settings: its `n` answers per prompt, as num_return_sequences does
 _ALIASES = {"stop_words": ("stop",), "num_return_sequences": ("n",)}
 
 

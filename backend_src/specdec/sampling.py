@@ -92,7 +92,7 @@ class SamplingTensors:
     top_p: torch.Tensor  # [B] float32 in (0, 1]
     truncate: bool  # some row has top-k, top-p or min-p on (known on the host: no sync to branch)
     top_k_bound: int = 0  # every row has top-k on, at most this (0: some row has not)
-    min_p: Optional[torch.Tensor] = None  # [B] float32 in [0, 1], 0 = off; None: off in every row
+    min_p: Optional[torch.Tensor] = None  # [B] float32 in [0, 1], 0 = off; None: off in every row (no tensor)
 
     def rows(self, start: int, stop: int) -> "SamplingTensors":
         return SamplingTensors(self.temperature[start:stop], self.top_k[start:stop], self.top_p[start:stop],
@@ -228,7 +228,6 @@ def sampling_tensors(rows: list[LogitsRow], device) -> Optional[SamplingTensors]
     floats = to_device([[s.temperature or 1.0 for s in settings], [s.top_p for s in settings],
                         [s.min_p for s in settings]], device, torch.float32)  # [3, B]
     top_k = to_device([s.top_k for s in settings], device, torch.long)
-    min_p = floats[2] if any(s.min_p > 0.0 for s in settings) else None
     truncate = any(s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0.0 for s in settings)
     bound = max(s.top_k for s in settings) if all(s.top_k > 0 for s in settings) else 0
-    return SamplingTensors(floats[0], top_k, floats[1], truncate, bound, min_p)
+    return SamplingTensors(floats[0], top_k, floats[1], truncate, bound, floats[2])
