@@ -143,12 +143,13 @@ COMMITTED_DATA = ROOT / "checkpoints" / "smollm2-135m-instruct" / "training_data
 def test_the_committed_self_distilled_data_leaves_nothing_to_write(tmp_path, capsys):
     """train_family.sh unpacks the committed conversations; self_distill.py must then see
     every one of its default 1,488 as written, in the records the training reads."""
-    import lzma
     sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import packed_conversations
     import self_distill
     from data import load_dataset
+    from transformers import AutoTokenizer
     out = tmp_path / "self_distill.jsonl"
-    out.write_bytes(lzma.decompress(COMMITTED_DATA.read_bytes()))
+    packed_conversations.unpack(COMMITTED_DATA, out, AutoTokenizer.from_pretrained(setup_model.FAMILY_DIR / "base"))
     assert self_distill.main(["--model", str(setup_model.FAMILY_DIR / "base"), "--out", str(out)]
                              + ["--conversations", "1488", "--seed", "0"]) == 0
     assert "1488 conversations already in" in capsys.readouterr().out
@@ -156,6 +157,29 @@ def test_the_committed_self_distilled_data_leaves_nothing_to_write(tmp_path, cap
     # 1,400 answered (88 user turns were too long); the overlap check drops one, whose answer
     # says "takes a string as an argument and returns" as a HumanEval prompt does
     assert (len(ds.conversations), ds.overlap.dropped) == (1399, [1407])
+
+
+@pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
+                    reason="no SmolLM2 tokenizer (run bash tools/setup_env.sh)")
+def test_committed_conversations_unpack_to_what_packs_to_them_again(tmp_path):
+    """The committed files drop each answer's text and unpacking decodes it again: packing
+    the unpacked file gives the committed bytes back, every answered record has its text,
+    and a record whose text is not its ids' decoding is refused instead of lost."""
+    sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import packed_conversations
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(setup_model.FAMILY_DIR / "base")
+    unpacked, again = tmp_path / "first.jsonl", tmp_path / "first.jsonl.xz"
+    packed_conversations.unpack(COMMITTED_DATA, unpacked, tokenizer)
+    records = [json.loads(line) for line in unpacked.read_text().splitlines()]
+    answered = [r for r in records if "input_ids" in r]
+    assert len(records) == 1488 and len(answered) == 1400
+    assert all(list(r)[:4] == ["index", "kind", "user", "answer"] and r["answer"] for r in answered)
+    packed_conversations.pack(unpacked, again, tokenizer)
+    assert again.read_bytes() == COMMITTED_DATA.read_bytes()
+    answered[0]["answer"] += " (edited)"
+    with pytest.raises(ValueError, match="line 1: the answer text is not"):
+        packed_conversations.pack_lines([json.dumps(answered[0])], tokenizer)
 
 
 def test_the_committed_round_5_data_is_what_train_family_trains_on():
@@ -199,6 +223,59 @@ def test_a_later_rounds_conversations_start_at_first(tmp_path, capsys, monkeypat
         self_distill.main(["--model", str(setup_model.FAMILY_DIR / "base"), "--out", str(out),
                            "--first", "1488", "--conversations", "1492"])
     assert f"1 conversations already in {out}; 3 to write" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
+                    reason="no SmolLM2 tokenizer (run bash tools/setup_env.sh)")
+def test_a_steered_user_turn_goes_on_from_its_opener(tmp_path, monkeypatch):
+    """--steered: the model writes each chat request from an opener of OPENERS appended to
+    the Magpie prompt, and the recorded user turn is the opener and what the model wrote
+    after it; the answer's prompt is that whole request in the chat template. Code
+    requests stay as they were."""
+    from transformers import AutoTokenizer
+    sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import self_distill
+    from specdec.request import StepOutput
+    tokenizer = AutoTokenizer.from_pretrained(setup_model.FAMILY_DIR / "base")
+    written = tokenizer.encode(" the tides, in three lines.", add_special_tokens=False)
+    answer = tokenizer.encode("Sure.", add_special_tokens=False)
+    submitted = []
+
+    class ScriptedEngine:
+        """Ends every request at once: a user turn with `written`, an answer with `answer`."""
+        def __init__(self, config):
+            self.waiting = []
+
+        def submit(self, req, emit):
+            submitted.append(req)
+            self.waiting.append((req, emit))
+
+        def step(self):
+            waiting, self.waiting = self.waiting, []
+            for req, emit in waiting:
+                ids = written if req.request_id.endswith("/user") else answer
+                emit(StepOutput(req.request_id, list(ids), [], True, "end_id"))
+
+    monkeypatch.setattr(self_distill, "Engine", ScriptedEngine)
+    out = tmp_path / "steered.jsonl"
+    assert self_distill.main(["--model", str(setup_model.FAMILY_DIR / "base"), "--out", str(out),
+                              "--first", "100", "--conversations", "108", "--steered", "--batch-size", "4"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    magpie_prompt, answer_prompt = self_distill.template_parts(tokenizer)
+    openers = set()
+    for r in records:
+        assert r["index"] in range(100, 108)
+        if r["index"] % 4 == 3:
+            assert r["kind"] == "code" and not r["user"].endswith("three lines.")
+            continue
+        assert r["kind"] == "steered"
+        opener = r["user"][: -len(" the tides, in three lines.")]
+        assert opener in self_distill.OPENERS and r["user"] == opener + " the tides, in three lines."
+        asked = next(q for q in submitted if q.request_id == f"{r['index']}/user")
+        assert asked.input_ids == magpie_prompt + tokenizer.encode(opener, add_special_tokens=False)
+        assert r["input_ids"] == answer_prompt(r["user"]) + answer and r["prompt_len"] == len(answer_prompt(r["user"]))
+        openers.add(opener)
+    assert len(records) == 8 and len(openers) > 1  # seeded per conversation, not one opener for all
 
 
 def test_the_feature_cache_reuses_rows_by_content_wherever_the_conversations_moved(tmp_path, capsys):

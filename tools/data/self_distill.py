@@ -8,6 +8,10 @@ target says (EAGLE-3, HASS and Medusa-2 train this way). Two kinds of conversati
 - `code`: a user request built from a function in this interpreter's standard library
   (its signature and docstring): write it, complete it or explain it. The model answers
   greedily.
+- `steered` (`--steered`): as `magpie`, but the user's turn starts with an opener of
+  `OPENERS` that the model goes on from. Unsteered, this model writes short, simple
+  requests; chat users also ask for essays, role-play, reasoning, sums, extraction and
+  comparisons, which its answers to must be learned too.
 Answers are greedy because the benchmarks and the lossless tests decode greedily: the
 drafters should learn the target's argmax continuations.
 
@@ -52,6 +56,21 @@ CODE_TEMPLATES = (
     "Explain what this Python function does and how to use it.\n\n```python\n{source}\n```",
 )
 SENTINEL = "\x00USER\x00"
+# The starts of user requests that `steered` conversations go on from: kinds of request
+# chat users send, written here (never taken from the EAGLE question sets).
+OPENERS = (
+    "Write a short story about", "Write a persuasive essay", "Write a poem about", "Draft a professional email to",
+    "Compose a blog post about", "Write a product description for", "Write a speech", "Write a letter",
+    "Imagine you are", "Pretend to be", "Act as a", "You are a", "Role-play a conversation between",
+    "Explain to a beginner how", "Explain the difference between", "What are the main causes of",
+    "What are the advantages and disadvantages of", "Compare and contrast", "Describe the process of",
+    "Summarize the following text:", "Extract the", "Given the following", "Rewrite the following",
+    "Solve the following problem:", "A store sells", "Calculate", "How many", "Suppose that",
+    "Think step by step", "Write a Python program that", "Write a function that", "How do I",
+    "What is the best way to", "Give me a plan for", "Suggest five", "List ten", "Create a", "Design a",
+    "Discuss the impact of", "Analyze the", "Why do", "How does", "What would happen if", "Help me",
+    "Can you", "I am", "I need", "Evaluate the following",
+)
 
 
 @dataclass
@@ -117,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-answer-tokens", type=int, default=320)
     ap.add_argument("--code-every", type=int, default=4, help="every N-th conversation is a code request")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steered", action="store_true",
+                    help="every conversation that is not code starts its user turn with an opener (OPENERS)")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -168,14 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     def start(index: int) -> None:
         rng = random.Random(args.seed * 1_000_003 + index)
         code = args.code_every > 0 and index % args.code_every == args.code_every - 1
-        conv = Conversation(index, "code" if code else "magpie")
+        conv = Conversation(index, "code" if code else "steered" if args.steered else "magpie")
         if code:
             conv.user = code_request(rng, functions)
             submit_answer(conv)
             return
+        prompt = list(magpie_prompt)
+        if args.steered:
+            conv.user = rng.choice(OPENERS)  # the model's user turn goes on from it
+            prompt += tokenizer.encode(conv.user, add_special_tokens=False)
         rid = f"{index}/user"
         pending[rid] = conv
-        engine.submit(GenerationRequest(rid, list(magpie_prompt), USER_TURN_TOKENS, end_id=end_id,
+        engine.submit(GenerationRequest(rid, prompt, USER_TURN_TOKENS, end_id=end_id,
                                         sampling=SamplingParams(temperature=USER_TEMPERATURE,
                                                                 seed=args.seed * 1_000_003 + index)), emit)
 
@@ -188,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             ids = outputs.pop(rid)
             tokens += len(ids)
             if rid.endswith("/user"):
-                user = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                user = (conv.user + tokenizer.decode(ids, skip_special_tokens=True)).strip()
                 if out.finish_reason == "end_id" and len(user) >= 12:  # a whole, non-trivial request
                     conv.user = user
                     submit_answer(conv)

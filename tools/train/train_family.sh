@@ -48,8 +48,7 @@ DATA=(.cache/data/self_distill.jsonl .cache/data/local_text.jsonl)
 #    FRESH_DATA=1 skips the unpacking, so that all of it is written anew.
 unpack() {  # unpack XZ JSONL: the committed conversations, unless JSONL is there already
   if [[ -z ${FRESH_DATA:-} && ! -s $2 && -f $1 ]]; then
-    mkdir -p "$(dirname "$2")"
-    $PY -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+    $PY tools/data/packed_conversations.py unpack --tokenizer "$BASE" "$1" "$2"
   fi
 }
 unpack "$OUT/training_data/self_distill.jsonl.xz" .cache/data/self_distill.jsonl
@@ -70,14 +69,14 @@ $PY tools/train/train_heads.py --base "$BASE" --data "${DATA[@]}" .cache/data/lo
 #    conversations. The committed file is what the shipped heads saw: its writing was
 #    stopped with the last batch in flight, so 100 of indexes 3,750-3,907 are missing and
 #    are not filled in here. FRESH_DATA=1 writes all 2,420 anew (~40 minutes).
-# later_round JSONL FIRST END: the self-distilled conversations of indexes FIRST to END - 1,
-# unpacked from the committed training_data/<JSONL's name>.xz, or written anew where that
-# is missing or FRESH_DATA=1 asks for it.
+# later_round JSONL FIRST END [self_distill.py options]: the self-distilled conversations of
+# indexes FIRST to END - 1, unpacked from the committed training_data/<JSONL's name>.xz, or
+# written anew where that is missing or FRESH_DATA=1 asks for it.
 later_round() {
   unpack "$OUT/training_data/$(basename "$1").xz" "$1"
   if [[ -n ${FRESH_DATA:-} || ! -s $1 ]]; then
     $PY tools/data/self_distill.py --model "$BASE" --out "$1" \
-        --first "$2" --conversations "$3" --batch-size 96 --max-answer-tokens 320 --seed 0
+        --first "$2" --conversations "$3" --batch-size 96 --max-answer-tokens 320 --seed 0 "${@:4}"
   fi
 }
 ROUND5=.cache/data/self_distill_round5.jsonl
