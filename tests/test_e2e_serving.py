@@ -48,8 +48,9 @@ def test_curl_generate(triton):
 
 
 def test_vllms_additional_outputs_and_the_flags_that_ask_for_them(triton, tokenizer):
-    """vLLM's backend answers `finish_reason` and `num_input_tokens` when its flags ask; here
-    they are on every response, and the flags are accepted (a stream: "None" until the last)."""
+    """vLLM's backend answers `finish_reason`, `num_input_tokens` and `cumulative_logprob`
+    when its flags ask; here they are on every response, and the flags are accepted (a
+    stream: "None" until the last)."""
     flags = {f"return_{name}": True for name in ("finish_reason", "cumulative_logprob", "logprobs",
                                                   "num_input_tokens", "num_output_tokens")}
     body = {"text_input": "What is ML?", "max_tokens": 6, "end_id": -1, **flags}
@@ -58,6 +59,11 @@ def test_vllms_additional_outputs_and_the_flags_that_ask_for_them(triton, tokeni
     assert (out["finish_reason"], out["num_output_tokens"]) == ("length", 6)
     assert out["num_input_tokens"] == len(tokenizer.encode("What is ML?"))
     assert len(out["output_log_probs"]) == 6  # return_logprobs is return_log_probs
+    assert out["cumulative_logprob"] == pytest.approx(sum(out["output_log_probs"]), abs=1e-4)
+    assert out["cumulative_logprob"] < 0
+    status, alone = generate(triton, {"text_input": "What is ML?", "max_tokens": 6, "end_id": -1,
+                                      "return_cumulative_logprob": True})  # asks for log-probs by itself
+    assert status == 200 and alone["cumulative_logprob"] == pytest.approx(out["cumulative_logprob"], abs=1e-4)
     status, events = generate_stream(triton, {**body, "stream": True})
     assert [e["finish_reason"] for e in events] == ["None"] * 5 + ["length"], events
 

@@ -113,11 +113,23 @@ def test_finish_reason_and_prompt_length_as_vllms_backend_names_them(reason, nam
     assert last["num_input_tokens"].tolist() == [[3]] and last["num_input_tokens"].dtype == np.uint32
 
 
+def test_cumulative_logprob_is_the_answers_log_probability_so_far():
+    b = ResponseBuilder([1, 2], ResponseOptions(streaming=True, exclude_input_in_output=True))
+    first = b.add(StepOutput("r", [10, 11], [-0.5, -0.25], False))
+    last = b.add(StepOutput("r", [12], [-1.0], True, "length"))
+    assert [first["cumulative_logprob"].tolist(), last["cumulative_logprob"].tolist()] == [[[-0.75]], [[-1.75]]]
+    assert last["cumulative_logprob"].dtype == np.float32
+    assert np.array_equal(last["cumulative_logprob"], last["cum_log_probs"])
+
+
 def test_vllms_output_flags_are_accepted_and_return_logprobs_is_return_log_probs():
     flags = {name: np.array([[True]]) for name in ("return_finish_reason", "return_cumulative_logprob",
                                                    "return_num_input_tokens", "return_num_output_tokens")}
     req, _ = build_request("r", _getter(**BASE, **flags, return_logprobs=np.array([[True]])))
     assert req.return_log_probs
+    for name in ("return_logprobs", "return_cumulative_logprob"):  # each asks for log-probs alone
+        assert build_request("r", _getter(**BASE, **{name: np.array([[True]])}))[0].return_log_probs
+        assert not build_request("r", _getter(**BASE, **{name: np.array([[False]])}))[0].return_log_probs
     with pytest.raises(InputError, match="return_finish_reason"):
         build_request("r", _getter(**BASE, return_finish_reason=np.array([[b"yes"]], object)))
 

@@ -59,7 +59,8 @@ _METRICS = ("cum_log_probs", "output_log_probs", "acceptance_rate", "total_accep
             "total_draft_tokens", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
             "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
             "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-            "num_output_tokens", "finish_reason", "num_input_tokens")  # through postprocessing
+            "num_output_tokens", "finish_reason", "num_input_tokens",
+            "cumulative_logprob")  # through postprocessing
 
 STEPS = (
     Step("preprocessing",

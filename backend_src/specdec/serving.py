@@ -66,9 +66,12 @@ def batch_rows(get: Getter) -> list[Getter]:
 
 
 MAX_RETURN_SEQUENCES = 128  # sequences per batch entry (OpenAI's limit on n)
-# vLLM's backend sends these outputs when asked; here they are on every response.
+# vLLM's backend sends these outputs when asked; here they are on every response
+# (`cumulative_logprob` is 0 unless log-probs are asked for: this flag asks, as
+# return_log_probs and vLLM's return_logprobs do).
 VLLM_OUTPUT_FLAGS = ("return_finish_reason", "return_cumulative_logprob", "return_num_input_tokens",
                      "return_num_output_tokens")
+LOG_PROB_FLAGS = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 # The engine's finish reasons in vLLM's words (its backend's `finish_reason` output).
 VLLM_FINISH_REASONS = {"length": "length", "stop": "stop", "end_id": "stop", "cancelled": "abort"}
 
@@ -181,7 +184,7 @@ def build_request(request_id: str, get: Getter, exclude_input_default: bool = Fa
         end_id=None if end_id is None or end_id < 0 else end_id,  # -1: never stop on an end token
         stop_words=words["stop_words_list"], bad_words=words["bad_words_list"],
         sampling=sampling, spec=spec, logit_bias=sparse_bias(get("embedding_bias")),
-        return_log_probs=_first(get, ("return_log_probs", "return_logprobs"), "bool", False),
+        return_log_probs=any(_first(get, (name,), "bool", False) for name in LOG_PROB_FLAGS),
         top_log_probs=_first(get, ("top_log_probs",), "int", 0),
         return_prompt_log_probs=_first(get, ("return_prompt_log_probs",), "bool", False),
         return_perf_metrics=_first(get, ("return_perf_metrics",), "bool", False),
@@ -258,6 +261,7 @@ class ResponseBuilder:
             "context_ids": np.array(context, dtype=np.int32).reshape(1, 1, len(context)),
             "is_final": _one(step.finished, np.bool_),
             "cum_log_probs": _one(self.cum_log_prob, np.float32),
+            "cumulative_logprob": _one(self.cum_log_prob, np.float32),  # the vLLM backend's name
             "output_log_probs": np.array(self.pending_log_probs, dtype=np.float32).reshape(
                 1, 1, len(self.pending_log_probs)),
             # [1, 1, tokens, K]: the K most likely ids of each token's distribution and

@@ -39,6 +39,7 @@ from specdec.triton_glue import input_reader, respond_each
 
 _PASSTHROUGH = [  # (input, dtype, shape without batch when absent); output: OUT_<input>
     ("CUM_LOG_PROBS", np.float32, (1,)),
+    ("CUMULATIVE_LOGPROB", np.float32, (1,)),
     ("OUTPUT_LOG_PROBS", np.float32, (1, 0)),
     ("ACCEPTANCE_RATE", np.float32, (1,)),
     ("TOTAL_ACCEPTED_DRAFT_TOKENS", np.int32, (1,)),
