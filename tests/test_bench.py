@@ -201,6 +201,18 @@ def test_eval_family_tiny(tmp_path, capsys):
     for part in ("### What the target answers", "### Learning curve", "| 500 |", "| 1,000 |", "(shipped)",
                  "python tools/bench/eval_family.py --family"):
         assert part in text
+    # a later round on another machine: the earlier points come from the report, first, with their date
+    later = tmp_path / "later.json"
+    code = eval_family.main(["--family", str(FAMILY), "--snapshots", str(tmp_path / "round2"), "--earlier", str(out_json),
+                             "--questions", "1", "--curve-tokens", "8", "--answer-tokens", "8", "--max-seq-len", "256",
+                             "--json", str(later), "--model-card", str(card)])
+    assert code == 0, capsys.readouterr().err
+    again = json.loads(later.read_text())["learning_curve"]
+    assert [r["answer_tokens"] for r in again] == [r["answer_tokens"] for r in curve] + [1000, curve[-1]["answer_tokens"]]
+    assert [r["final"] for r in again] == [False] * (len(curve) + 1) + [True]
+    assert all(r["measured"] == data["date"] for r in again[: len(curve)]) and "measured" not in again[-1]
+    assert again[-1]["eagle3_humaneval"] == curve[-1]["eagle3_humaneval"]  # the same heads measure the same
+    assert f"| 1,000 (measured {data['date']}) |" in card.read_text()
 
 
 def test_same_as_names_where_each_differing_output_first_leaves_the_reference():

@@ -10,7 +10,8 @@ hand:
   saved, against the answer tokens trained on, at temperature 0 with adaptive
   speculation off, on the first `--questions` questions of MT-bench and HumanEval
   (first turn, chat template), batched together. Greedy outputs are checked against
-  plain decoding.
+  plain decoding. `--earlier` keeps the points of a previous report whose snapshots are
+  gone (an earlier round, trained on another machine) in front of the new ones.
 The speed of every method, against plain decoding and `transformers`, is
 `tools/bench/bench.py`'s job (docs/benchmarks.md).
 
@@ -71,6 +72,14 @@ def engine_for(family: Path, eagle: Path, eagle3: Path, batch: int, max_seq_len:
                                prompt_lookup_tokens=0))  # the heads' own acceptance, nothing copied from the text
 
 
+def earlier_points(report: Path) -> list[dict]:
+    """A previous report's learning-curve points, none of them the shipped heads any more
+    (its shipped point becomes an earlier one: measured then, labelled with its date)."""
+    previous = json.loads(report.read_text())
+    return [{**row, "final": False, "measured": row.get("measured", previous["date"])}
+            for row in previous["learning_curve"]]
+
+
 def learning_curve(family: Path, snapshots: list[Path], prompts: dict, new_tokens: int, end_id: int,
                    max_seq_len: int) -> list[dict]:
     points = sorted((int(p.name), p) for folder in snapshots if folder.is_dir()
@@ -118,7 +127,7 @@ def card_section(report: dict) -> str:
               "| --- | --- | --- | --- | --- |"]
     for r in report["learning_curve"]:
         label = (f"{r['answer_tokens']:,}" if r["answer_tokens"] is not None else "?") + \
-            (" (shipped)" if r["final"] else "")
+            (" (shipped)" if r["final"] else "") + (f" (measured {r['measured']})" if "measured" in r else "")
         lines.append(f"| {label} | {r['eagle2_mt_bench']:.2f} | {r['eagle2_humaneval']:.2f} | "
                      f"{r['eagle3_mt_bench']:.2f} | {r['eagle3_humaneval']:.2f} |")
     equal = all(r["equal_to_plain"] for r in report["learning_curve"])
@@ -136,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve-tokens", type=int, default=64)
     ap.add_argument("--answer-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024, help="the engine's KV positions per request")
+    ap.add_argument("--earlier", type=Path,
+                    help="a previous --json whose learning-curve points go first (their snapshots are not here)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--model-card", type=Path)
     args = ap.parse_args(argv)
@@ -153,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     curve_prompts = {name: [encode_question(tok, q, "on") for q in firsts[name][: args.questions]]
                      for name in CURVE_SETS}
     curve = learning_curve(args.family, args.snapshots, curve_prompts, args.curve_tokens, end_id, args.max_seq_len)
+    if args.earlier:
+        curve = earlier_points(args.earlier) + curve
     report = dict(tool="tools/bench/eval_family.py",
                   command=" ".join(["python", "tools/bench/eval_family.py", *(argv if argv is not None else sys.argv[1:])]),
                   date=datetime.date.today().isoformat(), machine=machine_info("cpu"), answer_tokens=args.answer_tokens,
