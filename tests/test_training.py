@@ -349,6 +349,11 @@ def test_a_later_round_extends_the_feature_cache_and_goes_on_from_the_earlier_he
     assert meta["answer_tokens_seen"] == saved["answer_tokens_seen"] + meta["answer_tokens_this_run"]
     assert meta["answer_tokens_this_run"] > 0
     assert (tmp / "w2" / "snapshots" / str(saved["answer_tokens_seen"]) / "eagle3" / "config.json").is_file()
+    # --keep-train-vocab: the first round's ranked tokens, not the (64) most frequent of this data
+    vocab = lambda d: load_file(str(d / "eagle" / DRAFT_VOCAB_FILE))["token_ids"]  # noqa: E731
+    train_heads.main(common + ["--data", str(data), str(more), "--out", str(tmp / "kept"), "--work", str(tmp / "w3"),
+                               "--init", str(first), "--keep-train-vocab", "--train-vocab", "64", "--epochs", "0.2"])
+    assert len(vocab(first)) > 64 and torch.equal(vocab(tmp / "kept"), vocab(first))
     # the first round, run again, reads its rows of the extended cache instead of recomputing them all
     capsys.readouterr()
     train_heads.main(common + ["--data", str(data), "--out", str(first), "--work", str(tmp / "w1")])

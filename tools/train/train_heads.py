@@ -213,6 +213,14 @@ def tokens_seen_by(init: Path, name: str = "eagle") -> int:
     return int(json.loads((init / name / "training.json").read_text())["answer_tokens_seen"])
 
 
+def initial_train_vocabulary(init: Path) -> torch.Tensor:
+    """The tokens EAGLE-1's head in `init` was trained and drafts over (its
+    `draft_vocab.safetensors`), sorted as written."""
+    from safetensors.torch import load_file
+
+    return load_file(str(init / "eagle" / DRAFT_VOCAB_FILE))["token_ids"].long()
+
+
 def initial_draft_vocabulary(init: Path) -> torch.Tensor:
     """EAGLE-3's draft vocabulary (target ids, sorted) of the head saved in `init`."""
     from safetensors.torch import load_file
@@ -363,6 +371,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="train and write only the Medusa heads (OUT/medusa; --init then reads only its medusa/)")
     ap.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3's draft vocabulary")
     ap.add_argument("--train-vocab", type=int, default=8192, help="tokens the EAGLE-1/Medusa losses rank over")
+    ap.add_argument("--keep-train-vocab", action="store_true",
+                    help=f"rank over --init's eagle/{DRAFT_VOCAB_FILE} instead of this data's most frequent tokens, "
+                    "so that the family's drafters (Medusa's and the draft model's hold the same file) keep one")
     ap.add_argument("--noise", type=float, default=0.1, help="EAGLE-1 input-feature noise, uniform in ±noise")
     ap.add_argument("--snapshots", default="", help="answer-token counts at which to save the EAGLE heads")
     ap.add_argument("--save-every", type=int, default=20)
@@ -377,6 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--features", type=Path, help="the feature cache (default: WORK/features); one cache serves "
                     "every round whose data appends to the last round's")
     args = ap.parse_args(argv)
+    if args.keep_train_vocab and not args.init:
+        ap.error("--keep-train-vocab needs --init (the heads whose vocabulary to keep)")
     if args.medusa_only and (args.medusa_heads < 1 or args.snapshots):
         ap.error("--medusa-only needs --medusa-heads >= 1 and no --snapshots (they save the EAGLE heads)")
     eagle = not args.medusa_only
@@ -396,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
         p.requires_grad_(False)
     base_cfg = json.loads((args.base / "config.json").read_text())
     lm_head = base.lm_head.weight.detach()
-    train_rows = frequent_tokens(ds, ds.train, args.train_vocab)
+    train_rows = (initial_train_vocabulary(args.init) if args.keep_train_vocab
+                  else frequent_tokens(ds, ds.train, args.train_vocab))
     draft_ids = (initial_draft_vocabulary(args.init) if args.init and eagle
                  else frequent_tokens(ds, ds.train, args.draft_vocab))
     print(f"train: {len(ds.train)} conversations, {fs.answer_tokens(ds.train)} answer tokens; holdout "
