@@ -213,6 +213,17 @@ def test_eval_family_tiny(tmp_path, capsys):
     assert all(r["measured"] == data["date"] for r in again[: len(curve)]) and "measured" not in again[-1]
     assert again[-1]["eagle3_humaneval"] == curve[-1]["eagle3_humaneval"]  # the same heads measure the same
     assert f"| 1,000 (measured {data['date']}) |" in card.read_text()
+    # --curve-sets: a question file of one's own (named by its stem) beside an EAGLE set
+    own = tmp_path / "held_out.jsonl"
+    own.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Name three colours."]}) + "\n")
+    code = eval_family.main(["--family", str(FAMILY), "--snapshots", str(tmp_path / "none"), "--curve-sets", "gsm8k",
+                             str(own), "--questions", "1", "--curve-tokens", "8", "--answer-tokens", "8",
+                             "--max-seq-len", "256", "--json", str(later), "--model-card", str(card)])
+    assert code == 0, capsys.readouterr().err
+    (row,) = json.loads(later.read_text())["learning_curve"]
+    assert sorted(k for k in row if k.startswith("eagle")) == ["eagle2_gsm8k", "eagle2_held_out", "eagle3_gsm8k",
+                                                               "eagle3_held_out"]
+    assert "| EAGLE-2 GSM8K | EAGLE-2 held_out | EAGLE-3 GSM8K | EAGLE-3 held_out |" in card.read_text()
 
 
 def test_same_as_names_where_each_differing_output_first_leaves_the_reference():

@@ -9,7 +9,8 @@ hand:
   dynamic tree) and the EAGLE-3 head at each snapshot `train_heads.py --snapshots`
   saved, against the answer tokens trained on, at temperature 0 with adaptive
   speculation off, on the first `--questions` questions of MT-bench and HumanEval
-  (first turn, chat template), batched together. Greedy outputs are checked against
+  (first turn, chat template; `--curve-sets` names other sets or question files, such as
+  the held-out ones in docs/bench/), batched together. Greedy outputs are checked against
   plain decoding. `--earlier` keeps the points of a previous report whose snapshots are
   gone (an earlier round, trained on another machine) in front of the new ones.
 The speed of every method, against plain decoding and `transformers`, is
@@ -41,6 +42,13 @@ from specdec.request import GenerationRequest, SpecParams  # noqa: E402
 CARD_BEGIN, CARD_END = "<!-- eval_family:begin -->", "<!-- eval_family:end -->"
 SETS = ("humaneval", "mt_bench", "gsm8k", "alpaca")
 CURVE_SETS = ("mt_bench", "humaneval")
+SET_LABELS = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca"}
+
+
+def curve_set(spec: str) -> tuple[str, Path]:
+    """(column name, question file) of a `--curve-sets` entry: an EAGLE set's name, or a
+    question file in the EAGLE format (named by its stem)."""
+    return (Path(spec).stem, Path(spec)) if spec.endswith(".jsonl") else (spec, question_set_path(spec))
 
 
 def run(engine: Engine, prompts: list[list[int]], new_tokens: int, method: str, end_id: int):
@@ -118,18 +126,21 @@ def card_section(report: dict) -> str:
         question = item["question"].strip().replace("\n", " ")
         lines += [f"**{item['set']}**: {question[:300]}{'...' if len(question) > 300 else ''}", "",
                   "> " + item["answer"].strip().replace("\n", "\n> "), ""]
+    names = list(dict.fromkeys(key.split("_", 1)[1] for r in report["learning_curve"] for key in r
+                               if key.startswith(("eagle2_", "eagle3_"))))
     lines += ["### Learning curve", "",
               f"τ (tokens per target forward, temperature 0, adaptive speculation off, no prompt lookup, "
               f"16-token dynamic tree, "
               f"first {report['questions']} questions, {report['curve_tokens']} new tokens) against the answer "
               f"tokens the heads were trained on (epochs counted):", "",
-              "| answer tokens trained | EAGLE-2 MT-bench | EAGLE-2 HumanEval | EAGLE-3 MT-bench | EAGLE-3 HumanEval |",
-              "| --- | --- | --- | --- | --- |"]
+              "| answer tokens trained | " + " | ".join(f"{m} {SET_LABELS.get(n, n)}" for m in ("EAGLE-2", "EAGLE-3")
+                                                  for n in names) + " |",
+              "| --- |" + " --- |" * (2 * len(names))]
     for r in report["learning_curve"]:
         label = (f"{r['answer_tokens']:,}" if r["answer_tokens"] is not None else "?") + \
             (" (shipped)" if r["final"] else "") + (f" (measured {r['measured']})" if "measured" in r else "")
-        lines.append(f"| {label} | {r['eagle2_mt_bench']:.2f} | {r['eagle2_humaneval']:.2f} | "
-                     f"{r['eagle3_mt_bench']:.2f} | {r['eagle3_humaneval']:.2f} |")
+        cells = [f"{r[f'{m}_{n}']:.2f}" if f"{m}_{n}" in r else "-" for m in ("eagle2", "eagle3") for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     equal = all(r["equal_to_plain"] for r in report["learning_curve"])
     lines += ["", f"Every output above equalled plain greedy decoding token for token: {'yes' if equal else 'NO'}.",
               "", CARD_END]
@@ -143,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="folders of train_heads.py --snapshots (several: the rounds, one after another)")
     ap.add_argument("--questions", type=int, default=6, help="questions per set for the learning curve")
     ap.add_argument("--curve-tokens", type=int, default=64)
+    ap.add_argument("--curve-sets", nargs="+", default=list(CURVE_SETS),
+                    help="the learning curve's question sets: EAGLE set names or question .jsonl files")
     ap.add_argument("--answer-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024, help="the engine's KV positions per request")
     ap.add_argument("--earlier", type=Path,
@@ -161,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     answers = [{"set": name, "question": firsts[name][0], "answer": tok.decode(o, skip_special_tokens=True)}
                for name, o in zip(SETS, outs)]
     del engine
-    curve_prompts = {name: [encode_question(tok, q, "on") for q in firsts[name][: args.questions]]
-                     for name in CURVE_SETS}
+    curve_prompts = {}
+    for spec in args.curve_sets:
+        name, path = curve_set(spec)
+        questions = firsts[name] if name in firsts else first_turns(read_question_set(path))
+        curve_prompts[name] = [encode_question(tok, q, "on") for q in questions[: args.questions]]
     curve = learning_curve(args.family, args.snapshots, curve_prompts, args.curve_tokens, end_id, args.max_seq_len)
     if args.earlier:
         curve = earlier_points(args.earlier) + curve
