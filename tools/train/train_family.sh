@@ -92,7 +92,7 @@ $PY tools/train/train_heads.py --base "$BASE" \
 ROUND6=.cache/data/self_distill_round6.jsonl
 later_round "$ROUND6" 3908 6044
 $PY tools/train/train_heads.py --base "$BASE" \
-    --data "${DATA[@]}" .cache/data/local_code.jsonl "$ROUND5" "$ROUND6" --out "$OUT" \
+    --data "${DATA[@]}" .cache/data/local_code.jsonl "$ROUND5" "$ROUND6" --out .cache/train/round7 \
     --work .cache/train/round7_work --features .cache/train/heads/features --init .cache/train/round5 \
     --epochs 0.5 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 --snapshots 3440402 --seed 0
 # 6. round 8: Medusa's heads on from round 3's, and the draft model (the target's first two
