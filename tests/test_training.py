@@ -182,10 +182,11 @@ def test_committed_conversations_unpack_to_what_packs_to_them_again(tmp_path):
         packed_conversations.pack_lines([json.dumps(answered[0])], tokenizer)
 
 
-def test_the_committed_round_5_data_is_what_train_family_trains_on():
-    """Round 5's committed conversations follow the first file's indexes without reusing
-    one: 2,320 of indexes 1,488-3,907 (the writing was stopped with its last batch in
-    flight), as train_family.sh's comment and the model card say."""
+def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
+    """Each later round's committed conversations follow the earlier ones' indexes without
+    reusing one: round 5's 2,320 of indexes 1,488-3,907 (the writing was stopped with its
+    last batch in flight), as train_family.sh's comment and the model card say; round 6's
+    and round 9's after them."""
     import lzma
     first = {json.loads(line)["index"] for line in lzma.decompress(COMMITTED_DATA.read_bytes()).splitlines()}
     round5_file = COMMITTED_DATA.with_name("self_distill_round5.jsonl.xz")
@@ -199,6 +200,14 @@ def test_the_committed_round_5_data_is_what_train_family_trains_on():
               lzma.decompress(COMMITTED_DATA.with_name("self_distill_round6.jsonl.xz").read_bytes()).splitlines()]
     assert len(round6) == len(set(round6)) == 2027
     assert (min(round6), max(round6)) == (3908, 6043)
+    # Round 9's steered conversations (the shipped EAGLE heads): indexes from 6,044 on, each one
+    # once (the writing was stopped with 32 in flight), steered or code requests.
+    round9 = [json.loads(line) for line in
+              lzma.decompress(COMMITTED_DATA.with_name("self_distill_round9.jsonl.xz").read_bytes()).splitlines()]
+    indexes = [r["index"] for r in round9]
+    assert len(indexes) == len(set(indexes)) == 1968
+    assert (min(indexes), max(indexes)) == (6044, 8043)
+    assert {r["kind"] for r in round9} == {"steered", "code"}
 
 
 @pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),

@@ -4,12 +4,12 @@
 # tools/setup_model.py completes. CPU, 2 cores: see the model card for what each step
 # cost. Each step resumes where it stopped when rerun. Training is not part of the tests.
 #   bash tools/train/train_family.sh [CONVERSATIONS]      # default 1488 self-distilled
-# The shipped heads are this script's, in four rounds (the model card's table):
+# The shipped heads are this script's, in rounds (the model card's table):
 # - round 3: EAGLE-1/2, EAGLE-3 and Medusa from scratch, three epochs over the committed
 #   self-distilled conversations (1,400 answered of 1,488) and 310 pieces of local
 #   documentation (an hour on 2 cores: the target's features 11 minutes, the epochs 49).
 #   Medusa's training does not touch the EAGLE heads' (separate parameters, optimiser
-#   state and clipping; same batches). The shipped Medusa heads are round 3's.
+#   state and clipping; same batches). Round 8 goes on from its Medusa heads.
 # - round 4: the EAGLE heads go on from round 3's, 1.5 epochs over the same data with the
 #   standard library's documented functions appended (local_code.py); the features of
 #   round 3's conversations are kept in the cache, only the new ones are computed.
@@ -23,7 +23,7 @@
 # - round 6 (not shipped): 2,027 more self-distilled conversations, committed as
 #   training_data/self_distill_round6.jsonl.xz (indexes 3,908-6,043) for the next round;
 #   0.6 epochs over rounds 5 and 6's conversations alone lowered HumanEval's τ (model card).
-# - round 7 (the shipped EAGLE heads): on from round 5's, 0.5 epochs over every source with
+# - round 7: on from round 5's, 0.5 epochs over every source with
 #   round 6's conversations added (features of the new ones ~35 minutes, then 920 steps
 #   in 33 minutes). train_heads.py also writes eagle/draft_vocab.safetensors, the 8,192
 #   tokens EAGLE-1/2 drafting scores; the committed one was written for round 7's heads
@@ -33,6 +33,12 @@
 #   (--medusa-only, 1,841 steps, ~28 minutes); the draft model is trained anew from the
 #   target's first two layers for one epoch (1,360 steps, 53 minutes). Both write the
 #   same 8,192-token draft_vocab.safetensors as EAGLE-1's.
+# - round 9 (the shipped EAGLE heads): on from round 7's, 0.8 epochs over 2,000 more
+#   self-distilled conversations whose user turns go on from an opener (self_distill.py
+#   --steered, indexes 6,044-8,043; committed), with round 6's conversations and the
+#   library functions of even index and the documentation replayed (the features of those
+#   1.31 M tokens 40 minutes, 757 steps 33 minutes); --keep-train-vocab keeps the drafting
+#   vocabulary Medusa's heads and the draft model share.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/setup_env.sh
@@ -105,3 +111,21 @@ $PY tools/train/train_draft.py --base "$BASE" \
     --data "${DATA[@]}" .cache/data/local_code.jsonl "$ROUND5" "$ROUND6" --out "$OUT/draft" \
     --work .cache/train/draft_r8 --features .cache/train/heads/features --layers 2 --epochs 1 \
     --batch-tokens 2048 --seed 0
+# 7. round 9: the EAGLE heads on from round 7's over steered self-distilled conversations,
+#    half of the earlier ones replayed (every_second: the conversations of even index)
+every_second() {
+  $PY -c 'import json, sys
+with open(sys.argv[2], "w") as out:
+    for line in open(sys.argv[1]):
+        if line.strip() and json.loads(line)["index"] % 2 == 0:
+            out.write(line)' "$1" "$2"
+}
+ROUND9=.cache/data/self_distill_round9.jsonl
+later_round "$ROUND9" 6044 8044 --steered
+every_second "$ROUND6" .cache/data/self_distill_round6_even.jsonl
+every_second .cache/data/local_code.jsonl .cache/data/local_code_even.jsonl
+$PY tools/train/train_heads.py --base "$BASE" \
+    --data .cache/data/local_text.jsonl .cache/data/local_code_even.jsonl .cache/data/self_distill_round6_even.jsonl \
+    "$ROUND9" --out "$OUT" --work .cache/train/round9_work --features .cache/train/heads/features \
+    --init .cache/train/round7 --keep-train-vocab --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 \
+    --snapshots 4752430 --seed 0
