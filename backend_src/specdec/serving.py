@@ -66,11 +66,9 @@ def batch_rows(get: Getter) -> list[Getter]:
 
 
 MAX_RETURN_SEQUENCES = 128  # sequences per batch entry (OpenAI's limit on n)
-# vLLM's backend sends these outputs when asked; here they are on every response
-# (`cumulative_logprob` is 0 unless log-probs are asked for: this flag asks, as
-# return_log_probs and vLLM's return_logprobs do).
-VLLM_OUTPUT_FLAGS = ("return_finish_reason", "return_cumulative_logprob", "return_num_input_tokens",
-                     "return_num_output_tokens")
+# vLLM's backend sends these outputs when asked; here they are on every response.
+VLLM_OUTPUT_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+# Each asks for log-probs: vLLM's `cumulative_logprob` output is 0 without them.
 LOG_PROB_FLAGS = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 # The engine's finish reasons in vLLM's words (its backend's `finish_reason` output).
 VLLM_FINISH_REASONS = {"length": "length", "stop": "stop", "end_id": "stop", "cancelled": "abort"}
