@@ -30,6 +30,10 @@
 #                       EAGLE methods, Medusa and the draft model; then bench_concurrency.py
 #                       at concurrency 1, 4, 16 with graphs
 #   family-concurrency  tools/bench/bench_concurrency.py at concurrency 1, 4, 16, eager
+#   calibration         tools/bench/calibration_timeline.py: the served default's load-time
+#                       calibration call by call (each drafting call's host time, its queued
+#                       device work, cudaMallocs), once more on the loaded engine, and one
+#                       EAGLE-2 generation under torch.profiler (~1.5 min on an H200)
 #   family-served       the served default on a GPU (eager, adaptive speculation, prompt lookup):
 #                       bench.py latency on family-latency's requests, adaptive on, EAGLE-3 with
 #                       prompt lookup and without, EAGLE-2, Medusa and the transformers references;
@@ -45,6 +49,7 @@
 #   gpu_humaneval.{json,md,png}, gpu_humaneval_tau.png            (family-latency)
 #   gpu_humaneval_graphs.{json,md}, gpu_concurrency_graphs.{json,png}, _latency.png (family-graphs)
 #   gpu_concurrency.json, gpu_concurrency.png, gpu_concurrency_latency.png (family-concurrency)
+#   gpu_calibration_timeline.{json,txt}                           (calibration)
 #   gpu_humaneval_served.{json,md}, gpu_concurrency_served.json   (family-served)
 # The benchmarks write into docs/bench/ (so the command each JSON and markdown file
 # records names docs/bench/gpu_*, as the committed CPU results do) and are copied to $OUT.
@@ -186,8 +191,8 @@ while (($#)); do
         -h | --help) usage ;;
         all) STAGES+=("${STAGES_ALL[@]}") ;;
         family) STAGES+=(family-latency family-concurrency) ;;
-        stash | model | tests | kernels | step | profile | family-latency | family-concurrency | family-graphs | \
-            family-served) STAGES+=("$1") ;;
+        stash | model | tests | kernels | step | profile | calibration | family-latency | family-concurrency | \
+            family-graphs | family-served) STAGES+=("$1") ;;
         *) echo "gpu_session: unknown argument '$1'" >&2; usage ;;
     esac
     shift
@@ -414,6 +419,22 @@ stage_profile() {  # per-phase step times at batch 1: graphed (the fast path), t
     return "$rc"
 }
 
+stage_calibration() {  # why the served calibration priced EAGLE-1/2's drafting at 5-20x (3.7)
+    local cmd=("$PYTHON" tools/bench/calibration_timeline.py --device cuda --dtype bfloat16 --repeats 1
+        --report-json "$DEST/gpu_calibration_timeline.json")
+    local rc=0
+    if ((SMOKE)); then
+        refuses "torch sees no CUDA GPU" "${cmd[@]}"
+        run "$PYTHON" tools/bench/calibration_timeline.py --device cpu --dtype float32 --repeats 0 --no-profile \
+            --methods eagle2,eagle3 --report-json "$DEST/gpu_calibration_timeline.json" 2>&1 |
+            tee "$OUT/gpu_calibration_timeline.txt" || rc=$?
+    else
+        run "${cmd[@]}" 2>&1 | tee "$OUT/gpu_calibration_timeline.txt" || rc=$?
+    fi
+    collect gpu_calibration_timeline.json || rc=1
+    return "$rc"
+}
+
 stage_family_latency() {
     need_data
     local size=(--num-requests 5 --output-tokens 128 --warmup 1)  # 362 s on an H100 (2026-11-25)
@@ -506,6 +527,7 @@ main() {
                 kernels) stage_kernels ;;
                 step) stage_step ;;
                 profile) stage_profile ;;
+                calibration) stage_calibration ;;
                 family-latency) stage_family_latency ;;
                 family-concurrency) stage_family_concurrency ;;
                 family-graphs) stage_family_graphs ;;
