@@ -284,3 +284,18 @@ def test_launch_raises_the_load_error():
 
     with pytest.raises(ConfigError, match="no config.json in ./nonexistent/base"):
         Engine.launch(EngineConfig(base_model_dir="/nonexistent/base", speculative_method="none"))
+
+
+def test_attention_drops_cudnn_on_a_gpu_only():
+    """torch's flag, set where the engine loads on a GPU (the CPU engine leaves it)."""
+    from specdec.models.layers import attention_without_per_shape_plans
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert not attention_without_per_shape_plans(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        assert attention_without_per_shape_plans(torch.device("cuda"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

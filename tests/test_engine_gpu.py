@@ -116,3 +116,19 @@ def test_on_the_gpu_seeded_sampling_repeats(prompts):
     other = decode(make_engine(device="cuda", dtype="float32"), reqs(8))
     assert {k: v.tokens for k, v in first.items()} == {k: v.tokens for k, v in again.items()}
     assert {k: v.tokens for k, v in first.items()} != {k: v.tokens for k, v in other.items()}
+
+
+def test_on_the_gpu_tree_forwards_plan_no_cudnn_attention(prompts):
+    """In bfloat16, a tree's verify forward and EAGLE's drafting depths are multi-token
+    masked attentions, which torch sent to cuDNN, whose plan for each new key length
+    cost ~50 ms of host time (`attention_without_per_shape_plans`): an engine on a GPU
+    runs none of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make_engine(device="cuda", dtype="bfloat16")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        decode(engine, [request(prompts[0], TOKENS, m, rid=m) for m in ("eagle2", "eagle3")])
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::scaled_dot_product_attention" in names
+    assert not [n for n in names if "cudnn_attention" in n], sorted(names)
+    assert "without cuDNN" in engine.load_note

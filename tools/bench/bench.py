@@ -364,8 +364,21 @@ class _FirstTokenStreamer:
 
 def run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Namespace,
            end_id: Optional[int], progress: Callable[[], None]) -> tuple[list[RequestResult], float]:
-    """`transformers` generate() on the base weights, batch 1, in either mode."""
+    """`transformers` generate() on the base weights, batch 1, in either mode, with
+    torch's attention kernels as a `transformers` user gets them: cuDNN's too, which an
+    engine on a GPU takes out (`attention_without_per_shape_plans`) for the process."""
     device = torch.device(args.device)
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)  # torch's default
+    try:
+        return _run_hf(entry, models, reqs, args, end_id, progress, device)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+
+
+def _run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Namespace,
+            end_id: Optional[int], progress: Callable[[], None], device: torch.device
+            ) -> tuple[list[RequestResult], float]:
     results = []
     t0 = time.perf_counter()
     for r in reqs:

@@ -19,6 +19,11 @@ cudaMalloc calls and retries during the call. Then it calibrates `--repeats` mor
 times on the loaded engine: if those calls are fast, the first calibration paid a
 process's first-use costs. Last, one EAGLE-2 generation as calibration runs it, under
 `torch.profiler`: the operators with the most host time.
+
+On the H200, before the engine took cuDNN out of its attention
+(`attention_without_per_shape_plans`), the first calibration's EAGLE-1/2 drafting calls
+took 45-210 ms in steps of ~50 ms and the repeat's 2-9 ms; the profile showed
+`_cudnn_attention_forward` (docs/bench/gpu_calibration_timeline.json).
 """
 from __future__ import annotations
 
@@ -149,7 +154,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             max_seq_len=256 + MAX_TREE, max_tokens_limit=128, max_queue_size=8, eagle_total_tokens=16,
             adaptive_speculation=True, calibration_cache_dir="off", **drafter_dirs(args.family, methods)))
         notes = [engine.policy.cost.describe()]
-        print(f"load: {engine.policy.calibration_note}\n  {notes[0]}")
+        print(f"load: {engine.policy.calibration_note}; cuDNN attention "
+              f"{'on' if torch.backends.cuda.cudnn_sdp_enabled() else 'off'}\n  {notes[0]}")
         print("\n".join(summary(recorder.calls, 0)), flush=True)
         for repeat in range(1, args.repeats + 1):
             recorder.repeat = repeat
@@ -165,7 +171,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.report_json:
         report = dict(tool="tools/bench/calibration_timeline.py", command=portable(" ".join(sys.argv)),
                       machine=machine_info(args.device), config={k: portable(v) for k, v in vars(args).items()},
-                      costs=notes, calls=recorder.calls, eagle2_profile=table)
+                      cudnn_attention=torch.backends.cuda.cudnn_sdp_enabled(), costs=notes, calls=recorder.calls,
+                      eagle2_profile=table)
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
         args.report_json.write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -82,7 +82,9 @@
 # docs/bench/gpu_* and update docs/benchmarks.md section 3.
 #
 # With 15 minutes, the model in three calls (2026-11-27, H200: 17 s, 13 s, then 561 s for
-# `stash model family-served tests`; 646 s of device time by then). What travels is what git
+# `stash model family-served tests`; 646 s of device time by then. Third lease: 13 s, then
+# 108 s for `stash tests` carrying .gpu_tok and .gpu_data beside whl.01, then 481 s for
+# `stash model calibration family-served`; 658 s). What travels is what git
 # tracks, so take the committed checkpoints (42 MB) out of the index for the calls and carry
 # them: the tree is then ~5 MB, and three calls carry the 93 MB wheel and the checkpoints.
 #   git rm -r -q --cached checkpoints && echo /checkpoints/ >>.git/info/exclude   (commit nothing now)

@@ -177,6 +177,23 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))
 
 
+def attention_without_per_shape_plans(device: torch.device) -> bool:
+    """On a GPU, takes cuDNN out of the kernels `scaled_dot_product_attention` picks
+    from (torch's process-wide flag); returns whether it did. cuDNN's attention builds
+    a plan for every new shape of queries and keys, and decoding meets a new key length
+    at every step: a tree's verify forward and each EAGLE drafting depth are
+    multi-token masked queries, which torch 2.11 sent to cuDNN on an H200. There the
+    load-time calibration's drafting calls took 45-210 ms, in steps of ~50 ms, while the
+    same calls timed again over the shapes the first pass had met took 2-9 ms, and
+    adaptive speculation served no tree (docs/benchmarks.md 3.7). The memory-efficient
+    and flash kernels take any shape without a plan; one-token plain steps did not pay
+    it. CUDA graphs fix their shapes, so they met this only at capture."""
+    if device.type != "cuda":
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 def at_positions(t: torch.Tensor, index: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """Row b's entry `index[b]` along `dim`, kept as a size-1 dim: [B, ..., T, ...] ->
     [B, ..., 1, ...]."""
