@@ -30,10 +30,12 @@
 #                       EAGLE methods, Medusa and the draft model; then bench_concurrency.py
 #                       at concurrency 1, 4, 16 with graphs
 #   family-concurrency  tools/bench/bench_concurrency.py at concurrency 1, 4, 16, eager
-#   calibration         tools/bench/calibration_timeline.py: the served default's load-time
-#                       calibration call by call (each drafting call's host time, its queued
-#                       device work, cudaMallocs), once more on the loaded engine, and one
-#                       EAGLE-2 generation under torch.profiler (~1.5 min on an H200)
+#   calibration         tools/bench/attention_plans.py (a masked attention call at a new key
+#                       length against the same call again, cuDNN allowed and off; seconds),
+#                       then tools/bench/calibration_timeline.py: the served default's
+#                       load-time calibration call by call (each drafting call's host time, its
+#                       queued device work, cudaMallocs), once more on the loaded engine, and
+#                       one EAGLE-2 generation under torch.profiler (~1.5 min on an H200)
 #   family-served       the served default on a GPU (eager, adaptive speculation, prompt lookup):
 #                       bench.py latency on family-latency's requests, adaptive on, EAGLE-3 with
 #                       prompt lookup and without, EAGLE-2, Medusa and the transformers references;
@@ -49,7 +51,7 @@
 #   gpu_humaneval.{json,md,png}, gpu_humaneval_tau.png            (family-latency)
 #   gpu_humaneval_graphs.{json,md}, gpu_concurrency_graphs.{json,png}, _latency.png (family-graphs)
 #   gpu_concurrency.json, gpu_concurrency.png, gpu_concurrency_latency.png (family-concurrency)
-#   gpu_calibration_timeline.{json,txt}                           (calibration)
+#   gpu_attention_plans.json, gpu_calibration_timeline.{json,txt} (calibration)
 #   gpu_humaneval_served.{json,md}, gpu_concurrency_served.json   (family-served)
 # The benchmarks write into docs/bench/ (so the command each JSON and markdown file
 # records names docs/bench/gpu_*, as the committed CPU results do) and are copied to $OUT.
@@ -424,14 +426,18 @@ stage_profile() {  # per-phase step times at batch 1: graphed (the fast path), t
 stage_calibration() {  # why the served calibration priced EAGLE-1/2's drafting at 5-20x (3.7)
     local cmd=("$PYTHON" tools/bench/calibration_timeline.py --device cuda --dtype bfloat16 --repeats 1
         --report-json "$DEST/gpu_calibration_timeline.json")
+    local plans=("$PYTHON" tools/bench/attention_plans.py --report-json "$DEST/gpu_attention_plans.json")
     local rc=0
     if ((SMOKE)); then
+        refuses "torch sees no CUDA GPU" "${plans[@]}"
         refuses "torch sees no CUDA GPU" "${cmd[@]}"
         run "$PYTHON" tools/bench/calibration_timeline.py --device cpu --dtype float32 --repeats 0 --no-profile \
             --methods eagle2,eagle3 --report-json "$DEST/gpu_calibration_timeline.json" 2>&1 |
             tee "$OUT/gpu_calibration_timeline.txt" || rc=$?
     else
-        run "${cmd[@]}" 2>&1 | tee "$OUT/gpu_calibration_timeline.txt" || rc=$?
+        run "${plans[@]}" 2>&1 | tee "$OUT/gpu_calibration_timeline.txt" || rc=$?
+        collect gpu_attention_plans.json || rc=1
+        run "${cmd[@]}" 2>&1 | tee -a "$OUT/gpu_calibration_timeline.txt" || rc=$?
     fi
     collect gpu_calibration_timeline.json || rc=1
     return "$rc"
