@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from engine_helpers import FAMILY, tokenizer
 from specdec.calibration_prompt import CALIBRATION_REQUEST, chat_prompt_ids
 from specdec.config import EngineConfig
-from specdec.policy import MAX_TREE, SpeculationPolicy
+from specdec.policy import SpeculationPolicy
 import overlap
 
 
@@ -52,12 +52,13 @@ def policy_on(max_context: int, prompt) -> tuple[SpeculationPolicy, SimpleNamesp
 
 def test_the_chat_request_where_it_fits_else_a_bos_continuation():
     chat = list(range(10, 63))  # 53 ids, as SmolLM2's template makes of the request
-    policy, engine = policy_on(len(chat) + 32 + MAX_TREE, chat)
-    assert policy._measuring_prompt(engine, 32) == chat and not engine.generated
+    room = 64  # the largest tree the generations run
+    policy, engine = policy_on(len(chat) + 32 + room, chat)
+    assert policy._measuring_prompt(engine, 32, room) == chat and not engine.generated
     assert "a chat request" in policy._calibrated_on
-    policy, engine = policy_on(len(chat) + 32 + MAX_TREE - 1, chat)  # one position short
-    bos_text = policy._measuring_prompt(engine, 32)
+    policy, engine = policy_on(len(chat) + 32 + room - 1, chat)  # one position short
+    bos_text = policy._measuring_prompt(engine, 32, room)
     assert bos_text == [1] + list(range(100, 124)) and "BOS" in policy._calibrated_on
-    assert policy._measuring_prompt(engine, 32) == bos_text and len(engine.generated) == 1  # generated once
+    assert policy._measuring_prompt(engine, 32, room) == bos_text and len(engine.generated) == 1  # generated once
     policy, engine = policy_on(4096, None)  # no chat template
-    assert policy._measuring_prompt(engine, 32)[0] == 1
+    assert policy._measuring_prompt(engine, 32, room)[0] == 1

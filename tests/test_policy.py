@@ -844,3 +844,21 @@ def test_each_calibrated_tree_size_is_timed_after_a_warm_up_of_its_own(monkeypat
     policy._choose_total_tokens(Engine())
     assert policy.total_tokens == 8
     assert policy.calibration == pytest.approx(warm_cost)
+
+
+def test_a_short_context_still_calibrates_with_generations_of_many_tokens(monkeypatch):
+    """max_seq_len 128 (what the end-to-end tests serve): calibration reserved room for
+    MAX_TREE (128) nodes past its generations, so each generated one token, no drafting
+    call was timed and the tree size was chosen on prefill times alone. The room it
+    keeps is the largest tree it runs."""
+    import specdec.policy as policy_module
+
+    generated = []
+    run_together = policy_module._run_together
+    monkeypatch.setattr(policy_module, "_run_together",
+                        lambda engine, reqs: generated.append(reqs[0].max_tokens) or run_together(engine, reqs))
+    engine = make_engine(max_seq_len=128, max_batch_size=2, adaptive_speculation=True, eagle_total_tokens=0,
+                         calibration_cache_dir="off")
+    assert generated and min(generated) >= 16, generated
+    assert all(points for (method, _), points in engine.policy.cost.draft.items()), engine.policy.cost.draft
+    assert {m for m, _ in engine.policy.cost.draft} == engine.policy.available - {"none"}

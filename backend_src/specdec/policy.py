@@ -692,8 +692,9 @@ class SpeculationPolicy:
         and for the configured method also batches of 4 and 16 requests (the others
         extrapolate proportionally to the batch, a pessimistic guess that serving
         corrects)."""
-        n = max(1, min(32, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
-        prompt = self._measuring_prompt(engine, n)
+        room = self._largest_tree()  # the largest tree these generations run
+        n = max(1, min(32, self.config.max_tokens_limit, (engine.max_context - room) // 2))
+        prompt = self._measuring_prompt(engine, n, room)
         for method in sorted(self.available - {"none"}):
             full = self.resolve(GenerationRequest("calibrate", prompt, n, spec=SpecParams(method=method)))
             batches = [1] + [b for b in (4, 16) if b <= engine.num_slots and method == self.config.speculative_method]
@@ -725,13 +726,14 @@ class SpeculationPolicy:
             if shares:
                 self.accept_share[method] = shares
 
-    def _measuring_prompt(self, engine, new_tokens: int) -> list[int]:
+    def _measuring_prompt(self, engine, new_tokens: int, room: int) -> list[int]:
         """What calibration's generations continue: the chat request of
         `calibration_prompt.py` where the model has a chat template and the request fits
-        the context with `new_tokens` more and the largest tree; else the model's own
-        greedy continuation of a BOS (24 tokens of it)."""
+        the context with `new_tokens` more and `room` for the largest tree they run (so
+        that no tree is cut short at the context's end); else the model's own greedy
+        continuation of a BOS (24 tokens of it)."""
         chat = self.calibration_prompt
-        if chat and len(chat) + new_tokens + MAX_TREE <= engine.max_context:
+        if chat and len(chat) + new_tokens + room <= engine.max_context:
             self._calibrated_on = f"a chat request ({len(chat)} prompt tokens)"
             return list(chat)
         self._calibrated_on = "the model's continuation of a BOS"
@@ -750,8 +752,9 @@ class SpeculationPolicy:
         cost of 4-node ones and 1.4x that of 64-node ones
         (docs/bench/gpu_session_tests_family_latency.log)."""
         method = self.config.speculative_method
-        new_tokens = max(1, min(48, self.config.max_tokens_limit, (engine.max_context - MAX_TREE) // 2))
-        prompt = self._measuring_prompt(engine, new_tokens)
+        room = max(CALIBRATION_SIZES)
+        new_tokens = max(1, min(48, self.config.max_tokens_limit, (engine.max_context - room) // 2))
+        prompt = self._measuring_prompt(engine, new_tokens, room)
         best, best_t = self.total_tokens, float("inf")
         for size in CALIBRATION_SIZES:
             req = GenerationRequest(request_id=f"calibrate-{size}", input_ids=prompt, max_tokens=new_tokens,

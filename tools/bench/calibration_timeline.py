@@ -119,7 +119,7 @@ def profile_eagle2(engine: Engine, top: int) -> Optional[str]:
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    prompt = engine.policy._measuring_prompt(engine, 32)
+    prompt = engine.policy._measuring_prompt(engine, 32, 16)
     req = GenerationRequest("profile-eagle2", prompt, 32, spec=SpecParams(method="eagle2", total_tokens=16))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
     engine.policy._recording = []  # calibration's mode: the plan keeps the fixed tree
