@@ -862,3 +862,31 @@ def test_a_short_context_still_calibrates_with_generations_of_many_tokens(monkey
     assert generated and min(generated) >= 16, generated
     assert all(points for (method, _), points in engine.policy.cost.draft.items()), engine.policy.cost.draft
     assert {m for m, _ in engine.policy.cost.draft} == engine.policy.available - {"none"}
+
+
+def test_a_new_request_never_inherits_the_plan_held_for_a_finished_one():
+    """A plan without trees holds for REPLAN_STEPS steps while the batch stays the same,
+    the batch known by its requests' identities (id()). A request that finished freed
+    its state, a new request's state could take the same address, and it was then held
+    at plain steps it was never planned for (seen: the allocator reuses the address at
+    once). The held plan keeps the states it was made for alive, so no other state can
+    have their ids; the new request is planned at once."""
+    import weakref
+
+    class State(SimpleNamespace):  # (SimpleNamespace itself takes no weak references)
+        pass
+
+    def one_state():
+        return [State(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None, cached_len=0)]
+
+    policy = policy_with(synthetic_cost(per_token=1e-2, fixed=0.0, draft_per_request=1e-3), accept=3.0)
+    old = one_state()
+    assert chosen_nodes(policy, old) == [1]  # no tree pays: turned down, held for the next steps
+    finished = weakref.ref(old[0])
+    del old
+    assert finished() is not None  # its id stays taken while the plan holds
+    planned = []
+    rates = policy._rates
+    policy._rates = lambda *args, **kwargs: planned.append(policy._step) or rates(*args, **kwargs)
+    chosen_nodes(policy, one_state())
+    assert planned == [policy._step]  # planned at once, as a newcomer

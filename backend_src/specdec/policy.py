@@ -233,8 +233,10 @@ class SpeculationPolicy:
         self._calibrated_on = "nothing"  # what calibration's generations continued, for the note
         self._bos_text: Optional[list[int]] = None  # the BOS and the model's continuation of it
         self._step = 0  # plans made
-        # After a plan that turned every tree down: (what it was planned from, its step)
-        self._denied: Optional[tuple[tuple, int]] = None
+        # After a plan that turned every tree down: (what it was planned from, its step, the
+        # batch's states); holding the states keeps their ids, of which the key is made,
+        # from passing to new requests
+        self._denied: Optional[tuple[tuple, int, tuple]] = None
         self._held = False  # the last `_best_size` returned a held plan without trees
         # (method, full tree, nodes) -> [mean accepted drafts per step, weight, the plan of
         # the last observation] over every served request's steps (`_served_estimate`)
@@ -384,7 +386,7 @@ class SpeculationPolicy:
         for size in sizes:
             if rates[size] > best_rate * (1 + 1e-9):
                 best, best_rate = size, rates[size]
-        self._denied = (key, self._step) if best == 1 else None
+        self._denied = (key, self._step, tuple(states)) if best == 1 else None
         return best
 
     def _copies_alone(self, states: list, budgets: list[int], adaptive: list[int]) -> dict[int, int]:
