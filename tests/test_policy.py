@@ -46,8 +46,8 @@ def policy_with(cost: StepCost, accept: float) -> SpeculationPolicy:
     return policy
 
 
-def states(n: int) -> list:
-    return [SimpleNamespace(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None, cached_len=0)
+def states(n: int, kind: type = SimpleNamespace) -> list:
+    return [kind(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None, cached_len=0)
             for _ in range(n)]
 
 
@@ -876,11 +876,8 @@ def test_a_new_request_never_inherits_the_plan_held_for_a_finished_one():
     class State(SimpleNamespace):  # (SimpleNamespace itself takes no weak references)
         pass
 
-    def one_state():
-        return [State(settings=TreeSettings(method="eagle2", total_tokens=FULL), adaptive=None, cached_len=0)]
-
     policy = policy_with(synthetic_cost(per_token=1e-2, fixed=0.0, draft_per_request=1e-3), accept=3.0)
-    old = one_state()
+    old = states(1, State)
     assert chosen_nodes(policy, old) == [1]  # no tree pays: turned down, held for the next steps
     finished = weakref.ref(old[0])
     del old
@@ -888,5 +885,5 @@ def test_a_new_request_never_inherits_the_plan_held_for_a_finished_one():
     planned = []
     rates = policy._rates
     policy._rates = lambda *args, **kwargs: planned.append(policy._step) or rates(*args, **kwargs)
-    chosen_nodes(policy, one_state())
+    chosen_nodes(policy, states(1, State))
     assert planned == [policy._step]  # planned at once, as a newcomer

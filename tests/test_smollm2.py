@@ -64,16 +64,19 @@ def family_engine(**overrides) -> Engine:
     return Engine(EngineConfig(**kw))
 
 
-def chat_prompts() -> list[list[int]]:
-    """The first question of each set, first turn, in the chat template."""
+def chat_prompts(sets=QUESTION_SETS, system: str | None = None) -> list[list[int]]:
+    """The first question of each set, first turn, in the chat template (under the
+    template's default system prompt unless `system` is given)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(family.BASE_DIR))
     out = []
-    for name in QUESTION_SETS:
+    for name in sets:
         first = json.loads(question_set_path(name).read_text().splitlines()[0])["turns"][0]
-        out.append(list(tok.apply_chat_template([{"role": "user", "content": first}], tokenize=True,
-                                                add_generation_prompt=True, return_dict=False)))
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": first}]
+        out.append(list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                return_dict=False)))
     return out
 
 
@@ -171,22 +174,13 @@ def engine32():
     return family_engine(max_batch_size=16, max_queue_size=4096)
 
 
-def sampling_prompt() -> list[int]:
-    """MT-bench's first question, open-ended (its second token has 16 values expected 5
-    times or more in TRIALS draws), under a short system prompt of the user's: 40 tokens
-    where the template's default system prompt makes 53. Prefilling it TRIALS times was
-    two thirds of the test's time."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(family.BASE_DIR))
-    first = json.loads(question_set_path("mt_bench").read_text().splitlines()[0])["turns"][0]
-    messages = [{"role": "system", "content": "Be concise."}, {"role": "user", "content": first}]
-    return list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
-
-
 @pytest.mark.parametrize("method", ["eagle2", "draft_model"])
 def test_second_token_follows_the_target_distribution(engine32, method):
-    prompt = sampling_prompt()
+    # MT-bench's first question, open-ended (its second token has 16 values expected 5
+    # times or more in TRIALS draws), under a short system prompt of the user's: 40 tokens
+    # where the template's default system prompt makes 53. Prefilling it TRIALS times was
+    # two thirds of the test's time.
+    prompt = chat_prompts(["mt_bench"], system="Be concise.")[0]
     proto = request(prompt, 2, method, temperature=TEMPERATURE, top_k=TOP_K)
     p1 = _next_probs(engine32, prompt, proto)
     marginal = torch.zeros_like(p1, dtype=torch.float64)

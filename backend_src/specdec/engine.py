@@ -129,8 +129,8 @@ class Engine:
         dtype = torch_dtype(config.dtype)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"parameter 'device' is {config.device!r} but no GPU is visible")
-        self.attention_note = ("attention without cuDNN (it plans each new shape)"
-                               if attention_without_per_shape_plans(self.device) else None)
+        attention = ("attention without cuDNN (it plans each new shape)"
+                     if attention_without_per_shape_plans(self.device) else None)
         try:
             self.target = LlamaModel.from_pretrained(config.base_model_dir, dtype, self.device)
         except (KeyError, ValueError, OSError) as e:
@@ -207,8 +207,8 @@ class Engine:
             routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
             packed = (f"{self.packed_linears} float32 linears can take multi-row inputs through oneDNN or MKL "
                       f"packs (the target, {self.row_routing_source or 'measured at load'}: {routing})")
-        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), self.attention_note, graphs,
-                                                 packed, describe(self.policy)]))
+        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), attention, graphs, packed,
+                                                 describe(self.policy)]))
 
     # -- public API ----------------------------------------------------------------------
     def graph_captures(self) -> tuple[int, float]:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -362,23 +363,23 @@ class _FirstTokenStreamer:
         pass
 
 
-def run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Namespace,
-           end_id: Optional[int], progress: Callable[[], None]) -> tuple[list[RequestResult], float]:
-    """`transformers` generate() on the base weights, batch 1, in either mode, with
-    torch's attention kernels as a `transformers` user gets them: cuDNN's too, which an
-    engine on a GPU takes out (`attention_without_per_shape_plans`) for the process."""
-    device = torch.device(args.device)
+@contextlib.contextmanager
+def torch_attention():
+    """torch's default attention kernels, cuDNN's included, which an engine on a GPU
+    takes out for the whole process (`attention_without_per_shape_plans`)."""
     cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(True)  # torch's default
+    torch.backends.cuda.enable_cudnn_sdp(True)
     try:
-        return _run_hf(entry, models, reqs, args, end_id, progress, device)
+        yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
-def _run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Namespace,
-            end_id: Optional[int], progress: Callable[[], None], device: torch.device
-            ) -> tuple[list[RequestResult], float]:
+def run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.Namespace,
+           end_id: Optional[int], progress: Callable[[], None]) -> tuple[list[RequestResult], float]:
+    """`transformers` generate() on the base weights, batch 1, in either mode, with
+    torch's attention kernels as a `transformers` user gets them (`torch_attention`)."""
+    device = torch.device(args.device)
     results = []
     t0 = time.perf_counter()
     for r in reqs:
@@ -396,7 +397,7 @@ def _run_hf(entry: str, models: dict, reqs: list[BenchRequest], args: argparse.N
         streamer = _FirstTokenStreamer()
         ids = torch.tensor([r.input_ids], device=device)
         res = RequestResult(r.task_id, len(r.input_ids), time.perf_counter())
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_attention():
             out = models["base"].generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kw)
         res.end_s = time.perf_counter()
         res.first_token_s = streamer.first_token_s or res.end_s
