@@ -53,10 +53,35 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     (["--concurrency", "a"], "integers"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--url", "localhost:1", "--configs", "eagle2-fixed"], "needs --eagle-total-tokens"),
+    (["--output-tokens", "0"], "--output-tokens must be N or LO-HI with 1 <= LO <= HI, got '0'"),
+    (["--output-tokens", "48-16"], "got '48-16'"),
+    (["--output-tokens", "a-b"], "got 'a-b'"),
+    (["--output-tokens", "1-2-3"], "got '1-2-3'"),
 ])
 def test_bad_arguments_are_one_clear_error(argv, message, capsys):
     assert bc.main(["--family", str(FAMILY), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_varied_lengths_are_the_same_for_every_configuration_and_level():
+    """`--output-tokens LO-HI`: request i generates lengths[i] tokens (seeded, in range),
+    whichever configuration, level or client thread sends it."""
+    assert bc.output_lengths("32") == (32, 32) and bc.output_lengths("16-48") == (16, 48)
+    lengths = bc.request_lengths(16, 48, 64)
+    assert lengths == bc.request_lengths(16, 48, 64) and min(lengths) >= 16 and max(lengths) <= 48
+    assert len(set(lengths)) > 10 and bc.request_lengths(7, 7, 3) == [7, 7, 7]
+    prompts = [[i] for i in range(5)]
+    seen = {}
+
+    def run(config, ids, output_tokens, request_id):
+        seen[(config.label, request_id.split("-")[-1])] = (ids, output_tokens)
+        return bc.Sample(0.1, 0.01, output_tokens)
+
+    for config in bc.parse_configs("plain,eagle2"):
+        for level in (1, 3):
+            point = bc.run_level(run, config, prompts, lengths, level, 12)
+            assert point.output_tokens == sum(lengths[:12])
+    assert {key[1]: value for key, value in seen.items()} == {str(i): ([i % 5], lengths[i]) for i in range(12)}
 
 
 def test_percentile_and_summary():

@@ -5,13 +5,22 @@ adaptive speculation on and off, measured side by side in one run.
     python tools/bench/bench_concurrency.py --report-json conc.json --plot conc.png
     python tools/bench/bench_concurrency.py --concurrency 1,4 --num-requests 8 --output-tokens 16   # a quick look
     python tools/bench/bench_concurrency.py --url localhost:8001 --eagle-total-tokens 16             # a running server
+    python tools/bench/bench_concurrency.py --output-tokens 16-48                                      # varied lengths
 
 Owns closed-loop load generation: at concurrency C, C client threads take requests
 from one shared list and submit them back to back (each waits for its request's last
 token before sending the next), `--num-requests` per concurrency level, so every level
 and configuration generates the same tokens from the same prompts: the first turns of
 an EAGLE question set (HumanEval by default), tokenized by the family's tokenizer and
-cut to `--max-prompt-tokens`, each generating exactly `--output-tokens` (no end token).
+cut to `--max-prompt-tokens`, each generating exactly `--output-tokens` (no end token):
+one length for all, or `LO-HI`, each request its own length drawn from that range
+(seeded: request i has the same length in every configuration, level and repeat).
+Equal lengths are the worst case for any method that drafts: under plain decoding the
+concurrent requests stay in step, finish in the same step and have their next prompts
+prefilled in one forward, while accepted drafts put them out of step, and each prompt
+is then prefilled alone between the others' decode steps, the level's last requests
+running in a part-filled batch. Served traffic has varied lengths, which puts plain
+decoding out of step too (docs/benchmarks.md 2.1).
 Levels run in increasing order; within a level the configurations take turns, so a
 drifting machine does not favour one of them. `--repeats R` runs each level R times
 (the configurations' order rotating each time); the table then gives each
@@ -40,6 +49,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import statistics
 import sys
 import threading
@@ -122,21 +132,20 @@ class Sample:
     emitted: int = 0
 
 
-Runner = Callable[[BenchConfig, list[int], str], Sample]  # blocking: submit, wait for the last token
+Runner = Callable[[BenchConfig, list[int], int, str], Sample]  # blocking: submit, wait for the last token
 
 
 class InProcess:
     """The engine in this process, its loop in its own thread."""
 
-    def __init__(self, engine, output_tokens: int):
+    def __init__(self, engine):
         self.engine = engine
-        self.output_tokens = output_tokens
 
-    def __call__(self, config: BenchConfig, ids: list[int], request_id: str) -> Sample:
+    def __call__(self, config: BenchConfig, ids: list[int], output_tokens: int, request_id: str) -> Sample:
         from specdec.request import GenerationRequest, SpecParams
 
         total = self.engine.policy.total_tokens if config.fixed else None
-        req = GenerationRequest(request_id=request_id, input_ids=ids, max_tokens=self.output_tokens,
+        req = GenerationRequest(request_id=request_id, input_ids=ids, max_tokens=output_tokens,
                                 spec=SpecParams(method=config.method, total_tokens=total,
                                                 prompt_lookup_tokens=None if config.lookup else 0))
         done, first, last, count = threading.Event(), [], [], [0]
@@ -165,10 +174,10 @@ class InProcess:
 class OverGrpc:
     """A running tritonserver's `speculative_decoding` model, one gRPC stream per client thread."""
 
-    def __init__(self, url: str, model: str, output_tokens: int, fixed_total_tokens: int, timeout_s: float):
+    def __init__(self, url: str, model: str, fixed_total_tokens: int, timeout_s: float):
         import tritonclient.grpc  # noqa: F401  (fail early when the client is missing)
 
-        self.url, self.model, self.output_tokens = url, model, output_tokens
+        self.url, self.model = url, model
         self.fixed_total_tokens, self.timeout_s = fixed_total_tokens, timeout_s
         self._local = threading.local()
 
@@ -187,13 +196,13 @@ class OverGrpc:
             self._local.client.stop_stream()
             self._local.client.close()
 
-    def _inputs(self, config: BenchConfig, ids: list[int]):
+    def _inputs(self, config: BenchConfig, ids: list[int], output_tokens: int):
         import numpy as np
         import tritonclient.grpc as grpcclient
 
         named = {"input_ids": (np.array([ids], np.int32), "INT32"),
                  "input_lengths": (np.array([[len(ids)]], np.int32), "INT32"),
-                 "request_output_len": (np.array([[self.output_tokens]], np.int32), "INT32"),
+                 "request_output_len": (np.array([[output_tokens]], np.int32), "INT32"),
                  "streaming": (np.array([[True]]), "BOOL"),
                  "exclude_input_in_output": (np.array([[True]]), "BOOL"),
                  "return_perf_metrics": (np.array([[True]]), "BOOL"),
@@ -209,10 +218,10 @@ class OverGrpc:
             inputs.append(tensor)
         return inputs
 
-    def __call__(self, config: BenchConfig, ids: list[int], request_id: str) -> Sample:
+    def __call__(self, config: BenchConfig, ids: list[int], output_tokens: int, request_id: str) -> Sample:
         client, results = self._stream()
         t0 = time.perf_counter()
-        client.async_stream_infer(self.model, self._inputs(config, ids), request_id=request_id,
+        client.async_stream_infer(self.model, self._inputs(config, ids, output_tokens), request_id=request_id,
                                   enable_empty_final_response=True)
         first, count, perf = None, 0, {}
         while True:
@@ -270,9 +279,27 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def run_level(run: Runner, config: BenchConfig, prompts: list[list[int]], concurrency: int,
+def output_lengths(text: str) -> tuple[int, int]:
+    """`--output-tokens`: "N" (every request N tokens) or "LO-HI" -> (LO, HI)."""
+    parts = text.split("-")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        lo, hi = 0, -1
+    _validate_that(1 <= lo <= hi, f"--output-tokens must be N or LO-HI with 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def request_lengths(lo: int, hi: int, count: int, seed: int = 0) -> list[int]:
+    """Output tokens of requests 0..count-1: uniform in [lo, hi], the same list for a seed."""
+    rng = random.Random(seed)
+    return [rng.randint(lo, hi) for _ in range(count)]
+
+
+def run_level(run: Runner, config: BenchConfig, prompts: list[list[int]], lengths: list[int], concurrency: int,
               num_requests: int, tag: str = "") -> Point:
-    """`concurrency` clients take the level's `num_requests` requests in order, back to back."""
+    """`concurrency` clients take the level's `num_requests` requests in order, back to
+    back; request i has prompt i and `lengths[i]` output tokens (both cycled)."""
     jobs: queue.Queue = queue.Queue()
     for i in range(num_requests):
         jobs.put(i)
@@ -286,7 +313,8 @@ def run_level(run: Runner, config: BenchConfig, prompts: list[list[int]], concur
             except queue.Empty:
                 return
             try:
-                samples[i] = run(config, prompts[i % len(prompts)], f"{tag}{config.label}-c{concurrency}-{i}")
+                samples[i] = run(config, prompts[i % len(prompts)], lengths[i % len(lengths)],
+                                 f"{tag}{config.label}-c{concurrency}-{i}")
             except BaseException as e:  # reported by the caller; the other clients stop
                 errors.append(e)
 
@@ -410,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help="levels (default 1,2,4,8,16,32)")
     p.add_argument("--num-requests", type=int, default=64,
                    help="requests per configuration and level (at least the level's concurrency; default 64)")
-    p.add_argument("--output-tokens", type=int, default=64, help="tokens each request generates (default 64)")
+    p.add_argument("--output-tokens", default="64",
+                   help="tokens each request generates: N, or LO-HI for a seeded length per request (default 64)")
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to this (default 384)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of every level, configurations rotating (medians reported; default 1)")
@@ -433,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: list[list[int]]):
+def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: list[list[int]], most_tokens: int):
     from specdec.config import EngineConfig
     from specdec.engine import Engine
     from specdec.errors import ConfigError
@@ -446,7 +475,7 @@ def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: l
         return Engine.launch(EngineConfig(
             base_model_dir=str(args.family / "base"), device=args.device, dtype=args.dtype,
             max_batch_size=max(levels), max_queue_size=max(levels) + 1,
-            max_seq_len=longest + args.output_tokens + room, max_tokens_limit=args.output_tokens,
+            max_seq_len=longest + most_tokens + room, max_tokens_limit=most_tokens,
             speculative_method=method, eagle_total_tokens=args.eagle_total_tokens,
             adaptive_speculation=True, cuda_graph_mode=args.cuda_graphs, **drafters))
     except ConfigError as e:
@@ -455,7 +484,7 @@ def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: l
 
 def run_benchmark(args) -> dict:
     configs, levels = parse_configs(args.configs), parse_levels(args.concurrency)
-    _validate_that(args.output_tokens >= 1, f"--output-tokens must be >= 1, got {args.output_tokens}")
+    lo, hi = output_lengths(str(args.output_tokens))
     _validate_that(args.max_prompt_tokens >= 1, f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     _validate_that(args.num_requests >= 1, f"--num-requests must be >= 1, got {args.num_requests}")
     _validate_that(args.repeats >= 1, f"--repeats must be >= 1, got {args.repeats}")
@@ -467,18 +496,19 @@ def run_benchmark(args) -> dict:
     _validate_that(tokenizer_dir.is_dir(), f"tokenizer folder {tokenizer_dir} does not exist")
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     prompts = load_prompts(args.question_set, tokenizer, args.max_prompt_tokens)
+    lengths = request_lengths(lo, hi, max(args.num_requests, max(levels)))  # request i's output tokens
 
     setup = dict(configs=[asdict(c) for c in configs], concurrency=levels, num_requests=args.num_requests,
-                 output_tokens=args.output_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                 output_tokens=lo if lo == hi else [lo, hi], max_prompt_tokens=args.max_prompt_tokens,
                  question_set=os.path.relpath(args.question_set, REPO), prompts=len(prompts), warmup=args.warmup,
                  repeats=args.repeats)
     engine = None
     if args.url:
-        run = OverGrpc(args.url, args.model, args.output_tokens, args.eagle_total_tokens, args.timeout)
+        run = OverGrpc(args.url, args.model, args.eagle_total_tokens, args.timeout)
         setup.update(url=args.url, model=args.model, eagle_total_tokens=args.eagle_total_tokens)
     else:
-        engine = build_engine(args, configs, levels, prompts)  # loaded and looping in its own thread
-        run = InProcess(engine, args.output_tokens)
+        engine = build_engine(args, configs, levels, prompts, hi)  # loaded and looping in its own thread
+        run = InProcess(engine)
         setup.update(family=portable(args.family), device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                      eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,
                      omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
@@ -487,7 +517,7 @@ def run_benchmark(args) -> dict:
     try:
         for c in configs:
             if args.warmup:
-                run_level(run, c, prompts, 1, args.warmup, tag="warmup-")
+                run_level(run, c, prompts, lengths, 1, args.warmup, tag="warmup-")
         for level in levels:
             if args.warmup and (args.cuda_graphs or args.device.startswith("cuda")):
                 # A graph is captured the first time its (batch, width, key length) bucket is
@@ -498,11 +528,11 @@ def run_benchmark(args) -> dict:
                 # plain steps as adaptive EAGLE-3 at τ 1.00 at half its speed on an H200, 4 and 16
                 # requests (docs/benchmarks.md 3.7), as if it paid first-use costs for the others.
                 for c in configs:
-                    run_level(run, c, prompts, level, level, tag="warmup-")
+                    run_level(run, c, prompts, lengths, level, level, tag="warmup-")
             for r in range(args.repeats):
                 for c in configs[r % len(configs):] + configs[: r % len(configs)]:
                     before = engine.graph_captures() if engine is not None and args.cuda_graphs else None
-                    point = run_level(run, c, prompts, level, max(args.num_requests, level))
+                    point = run_level(run, c, prompts, lengths, level, max(args.num_requests, level))
                     point.repeat = r
                     captured = ""
                     if before is not None:

@@ -47,6 +47,9 @@
 # concurrency  tools/bench/bench_concurrency.py: plain vs EAGLE-2 and EAGLE-3 adaptive vs
 #              EAGLE-3 with a fixed 16-node tree at 1-32 concurrent requests, one run;
 #              then plain vs EAGLE-2 and EAGLE-3 adaptive, three repeats at every level
+# concurrency-varied  the same three repeats with each request's length drawn from 16-48
+#              tokens (the same for every configuration), as served traffic varies: equal
+#              lengths keep plain decoding's requests in step (docs/benchmarks.md 2.1)
 # concurrency-packs  bench_concurrency.py: plain vs EAGLE-3 adaptive vs EAGLE-3 with a fixed
 #              16-node tree at 1-32 concurrent requests, once as the engine routes CPU matmuls
 #              (MKL packs included) and once with SPECDEC_CPU_MKL_PACKS=0
@@ -139,6 +142,11 @@ for stage in "${stages[@]}"; do
         --configs plain,eagle2,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 \
         --output-tokens 32 --eagle-total-tokens 16 --repeats 3 \
         --report-json "$OUT/concurrency_repeats.json" --plot "$OUT/concurrency_repeats.png" ;;
+    concurrency-varied)
+      $PY tools/bench/bench_concurrency.py --question-set "$DATA/eagle_mt_bench_question.jsonl" \
+        --configs plain,eagle2,eagle3 --concurrency 1,2,4,8,16,32 --num-requests 32 \
+        --output-tokens 16-48 --eagle-total-tokens 16 --repeats 3 \
+        --report-json "$OUT/concurrency_varied.json" --plot "$OUT/concurrency_varied.png" ;;
     concurrency-packs)
       for packs in 3 0; do
         name=concurrency_mkl_packs; [ "$packs" = 0 ] && name=concurrency_no_packs
