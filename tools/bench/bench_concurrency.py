@@ -15,12 +15,12 @@ an EAGLE question set (HumanEval by default), tokenized by the family's tokenize
 cut to `--max-prompt-tokens`, each generating exactly `--output-tokens` (no end token):
 one length for all, or `LO-HI`, each request its own length drawn from that range
 (seeded: request i has the same length in every configuration, level and repeat).
-Equal lengths are the worst case for any method that drafts: under plain decoding the
-concurrent requests stay in step, finish in the same step and have their next prompts
-prefilled in one forward, while accepted drafts put them out of step, and each prompt
-is then prefilled alone between the others' decode steps, the level's last requests
-running in a part-filled batch. Served traffic has varied lengths, which puts plain
-decoding out of step too (docs/benchmarks.md 2.1).
+Equal lengths favour plain decoding a little: its concurrent requests stay in step,
+finish in the same step and have their next prompts prefilled in one forward, while
+accepted drafts put them out of step, and each prompt is then prefilled alone between
+the others' decode steps, the level's last requests running in a part-filled batch (a
+few percent at 4 requests on a 2-core CPU, docs/benchmarks.md 2.1). Served traffic has
+varied lengths, which puts plain decoding out of step too.
 Levels run in increasing order; within a level the configurations take turns, so a
 drifting machine does not favour one of them. `--repeats R` runs each level R times
 (the configurations' order rotating each time); the table then gives each
