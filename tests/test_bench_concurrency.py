@@ -40,6 +40,7 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     assert by[("eagle2-fixed", 1)]["tau"] >= 1.0
     assert data["setup"]["eagle_total_tokens"] == 8
     assert "KV" in data["setup"]["engine_at_load"]  # the engine's load note (KV budget, calibration timings)
+    assert data["machine"]["git_commit"] and data["machine"]["cpu"] and data["machine"]["date"]
     for path in data["plots"]:
         assert (tmp_path / path.split("/")[-1]).stat().st_size > 0
     assert (tmp_path / "conc.png").exists() and (tmp_path / "conc_latency.png").exists()

@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
-from bench import BenchError, _validate_that, drafter_dirs, encode_question, portable  # noqa: E402
+from bench import BenchError, _validate_that, drafter_dirs, encode_question, machine_info, portable  # noqa: E402
 from dataset_converter import DatasetError, first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 
@@ -546,7 +546,9 @@ def run_benchmark(args) -> dict:
         if engine is not None:
             engine.shutdown()
     print(format_table(points, configs))
-    report = dict(setup=setup, points=[asdict(p) for p in points],
+    # where and at which commit it ran (with --url: the clients' machine)
+    report = dict(setup=setup, machine=machine_info("cpu" if args.url else args.device),
+                  points=[asdict(p) for p in points],
                   summary={str(n): level_summary(points, configs, n) for n in levels})
     plot = args.plot or (args.report_json.with_suffix(".png") if args.report_json else None)
     if plot:
