@@ -50,6 +50,7 @@ import json
 import os
 import queue
 import random
+import re
 import statistics
 import sys
 import threading
@@ -281,11 +282,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def output_lengths(text: str) -> tuple[int, int]:
     """`--output-tokens`: "N" (every request N tokens) or "LO-HI" -> (LO, HI)."""
-    parts = text.split("-")
-    try:
-        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
-    except ValueError:
-        lo, hi = 0, -1
+    m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", text)
+    lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, 0)
     _validate_that(1 <= lo <= hi, f"--output-tokens must be N or LO-HI with 1 <= LO <= HI, got {text!r}")
     return lo, hi
 
@@ -484,7 +482,7 @@ def build_engine(args, configs: list[BenchConfig], levels: list[int], prompts: l
 
 def run_benchmark(args) -> dict:
     configs, levels = parse_configs(args.configs), parse_levels(args.concurrency)
-    lo, hi = output_lengths(str(args.output_tokens))
+    lo, hi = output_lengths(args.output_tokens)
     _validate_that(args.max_prompt_tokens >= 1, f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     _validate_that(args.num_requests >= 1, f"--num-requests must be >= 1, got {args.num_requests}")
     _validate_that(args.repeats >= 1, f"--repeats must be >= 1, got {args.repeats}")
@@ -511,7 +509,6 @@ def run_benchmark(args) -> dict:
         run = InProcess(engine)
         setup.update(family=portable(args.family), device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                      eagle_total_tokens=engine.policy.total_tokens, max_batch_size=engine.config.max_batch_size,
-                     omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                      engine_at_load=portable(getattr(engine, "load_note", None)))  # calibration's timings, as printed
     points: list[Point] = []
     try:
