@@ -669,7 +669,7 @@ class Engine:
             s.cached_len += a + 1
             self._emit(s, new_tokens, log_probs, top)
             if not drafter_off:  # (a copy verified alone says nothing of the drafter)
-                self.policy.observe(s, drafted, a)
+                self.policy.observe(s, drafted, a, path=nodes[1:], copied=len(s.copy_offered))
             if s.copy_offered:
                 self.policy.observe_copy(s, s.copy_offered, new_tokens[:-1])
                 s.copy_offered = []

@@ -62,6 +62,7 @@ from .drafters.base import TreeSettings
 from .drafters.choices import static_tree
 from .drafters.lookup import GRAFTED_METHODS
 from .step_cost import MAX_GRID_TOKENS, StepCost
+from .tree_shares import ServedShares, accepted_within, depth_share, fitted_shares, share_curve
 
 MAX_DEPTH = 12
 MAX_TOP_K = 16
@@ -75,7 +76,6 @@ CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
 # drifts, put the 3-node forward at +8 % to +17 % of a plain one from load to load
 # (docs/benchmarks.md 1.11)
 TIMING_ROUNDS = 5
-SHARE_DECAYS = [i / 100 for i in range(1, 100)]  # the q that `_fitted_shares` chooses from
 PRIOR_ACCEPT = 1.5  # accepted drafts per full-tree step when the method's was not measured
 PRIOR_WEIGHT = 2.0  # a new request's prior acceptance counts as this many observed steps
 # Each new observation keeps this much of the older ones' weight (~20-step memory). One
@@ -181,6 +181,16 @@ class AdaptiveState:
         entry[2] = self.observed
         self.last_size = nodes
 
+    def observe_within(self, nodes: int, accepted: float, start: float) -> None:
+        """What the first `nodes` nodes of the tree just observed (`observe`) would have
+        accepted on their own: weighs in at that size as a drafted tree of it would,
+        without counting as another observation (the step was one)."""
+        if self.fresh(nodes) is None:
+            self.at_size[nodes] = [start, PRIOR_WEIGHT, self.observed]
+        entry = self.at_size[nodes]
+        _weigh_in(entry, accepted, DECAY)
+        entry[2] = self.observed
+
     def observe_copy(self, offered: int, accepted: int) -> None:
         """A grafted copy of `offered` tokens whose first `accepted` the target took."""
         first = [1.0, 0.0] if accepted else [0.0, 1.0]
@@ -241,6 +251,8 @@ class SpeculationPolicy:
         # (method, full tree, nodes) -> [mean accepted drafts per step, weight, the plan of
         # the last observation] over every served request's steps (`_served_estimate`)
         self.served: dict[tuple[str, int, int], list[float]] = {}
+        # (method, full tree) -> what served steps say of the shares of its smaller trees
+        self.served_shares: dict[tuple[str, int], ServedShares] = {}
         self._calibrating = False
 
     # -- at submit -----------------------------------------------------------------------
@@ -436,34 +448,48 @@ class SpeculationPolicy:
         return self.full_nodes(st) if st.method in ("eagle", "medusa") else n
 
     def _share(self, method: str, nodes: int, full: int) -> float:
-        """Share of a full tree's accepted drafts that `nodes` nodes keep: measured at
-        load for the method's full tree (between measured sizes: interpolated over
-        log2 of the size), else `_depth_share`."""
+        """Share of a full tree's accepted drafts that `nodes` nodes keep: the curve that
+        served steps of the method and full tree fit together with the load-time shares
+        (tree_shares.py), or the load-time shares alone before any served step accepted
+        a draft (`_load_share`)."""
+        if nodes >= full:
+            return 1.0
+        served = self.served_shares.get((method, full))
+        q = served.q(lambda n: self._load_share(method, n, full), self._ladder(full), full) if served else None
+        return self._load_share(method, nodes, full) if q is None else share_curve(q, nodes, full)
+
+    def _load_share(self, method: str, nodes: int, full: int) -> float:
+        """`_share` as measured at load for the method's full tree (between measured
+        sizes: interpolated over log2 of the size), else `depth_share`."""
         measured = self.accept_share.get(method)
         if not measured or full not in measured or nodes >= full:
-            return _depth_share(nodes, full)
+            return depth_share(nodes, full)
         if nodes in measured:
             return measured[nodes]
         sizes = sorted(measured)
         below = [s for s in sizes if s < nodes]
         above = [s for s in sizes if s > nodes]
         if not below:  # smaller than any measured size: scaled from the smallest on the log scale
-            return measured[sizes[0]] * _depth_share(nodes, sizes[0])
+            return measured[sizes[0]] * depth_share(nodes, sizes[0])
         lo, hi = below[-1], above[0]
         w = (math.log2(nodes) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
         return measured[lo] + w * (measured[hi] - measured[lo])
 
     def _expected_accept(self, state, nodes: int) -> float:
         """Expected accepted drafts per step of a request with a `nodes` budget: its own
-        fresh mean at that size; else its mean at the size it drafted last, scaled by the
-        two sizes' shares of a full tree's acceptance. Before it drafted, and once its
+        fresh mean at that size, up to the size it drafted last (each step also updates
+        the smaller sizes within its tree, `observe`); else its mean at the size it
+        drafted last, scaled by the two sizes' shares of a full tree's acceptance. A
+        larger size's own mean stops where the request last drafted it, and one unlucky
+        run there kept a 4-request batch on 2-node trees until it went stale, where
+        3-node ones paid more (tests/test_policy.py). Before it drafted, and once its
         probe is due (it is judged as new): `_served_estimate`."""
         if nodes <= 1:
             return 0.0
         stats = self._stats(state)
         method, full = state.settings.method, self.full_nodes(state.settings)
         if stats.last_size and not stats.probe_due:
-            own = stats.fresh(nodes)
+            own = stats.fresh(nodes) if nodes <= stats.last_size else None
             if own is not None:
                 return own
             last = stats.last_size
@@ -558,20 +584,34 @@ class SpeculationPolicy:
             state.adaptive = AdaptiveState(prior=prior)
         return state.adaptive
 
-    def observe(self, state, drafted: int, accepted: int) -> None:
+    def observe(self, state, drafted: int, accepted: int, path: Optional[list[int]] = None, copied: int = 0
+                ) -> None:
+        """A verified step of the request: a tree of `drafted` draft nodes accepted
+        `accepted`. `path`: the accepted nodes' numbers past the root, where known;
+        `copied`: how many of the tree's last nodes prompt lookup's copy may have taken.
+        With the path, what each smaller size of the plan's ladder within the drafter's
+        own nodes would have accepted (`tree_shares.accepted_within`) updates the
+        request's means at those sizes and, for served requests, the method's shares."""
         if drafted <= 0:
             return
         stats = self._stats(state)
         nodes = drafted + 1
         stats.observe(nodes, accepted, start=self._expected_accept(state, nodes))
-        if not self._calibrating:  # calibration's text is not what is served
-            method, full = state.settings.method, self.full_nodes(state.settings)
-            entry = self.served.get((method, full, nodes))
-            if entry is None:
-                entry = self.served[(method, full, nodes)] = [0.0, 0.0, self._step]
-            entry[1] *= SERVED_FORGET ** (self._step - entry[2])
-            entry[2] = self._step
-            _weigh_in(entry, accepted, SERVED_DECAY)
+        method, full = state.settings.method, self.full_nodes(state.settings)
+        reference = nodes - copied  # the drafter's own first nodes
+        smaller = [n for n in self._ladder(full) if n < reference] if path is not None else []
+        for n in smaller:
+            stats.observe_within(n, accepted_within(path, n), start=self._expected_accept(state, n))
+        if self._calibrating:  # calibration's text is not what is served
+            return
+        if smaller:
+            self.served_shares.setdefault((method, full), ServedShares()).add(smaller, reference, path)
+        entry = self.served.get((method, full, nodes))
+        if entry is None:
+            entry = self.served[(method, full, nodes)] = [0.0, 0.0, self._step]
+        entry[1] *= SERVED_FORGET ** (self._step - entry[2])
+        entry[2] = self._step
+        _weigh_in(entry, accepted, SERVED_DECAY)
 
     def observe_copy(self, state, offered: list[int], accepted: list[int]) -> None:
         """A step that grafted prompt lookup's copy `offered` onto the request's tree and
@@ -724,7 +764,7 @@ class SpeculationPolicy:
             self.cost.cap_drafts_by_larger_trees(method)
             if sizes[0] in accepted:
                 self.prior_accept[method] = accepted[sizes[0]]
-            shares = _fitted_shares(accepted, sizes[0])
+            shares = fitted_shares(accepted, sizes[0])
             if shares:
                 self.accept_share[method] = shares
 
@@ -859,36 +899,6 @@ def _weigh_in(entry: list, value: float, decay: float) -> None:
     the mean keeps `decay` of itself and `value` adds 1."""
     entry[1] = decay * entry[1] + 1.0
     entry[0] += (value - entry[0]) / entry[1]
-
-
-def _depth_share(nodes: int, full: int) -> float:
-    """Share of a full tree's accepted drafts that an n-node tree keeps, when it was not
-    measured (log scale: deeper levels of a tree add less and less)."""
-    return math.log2(max(nodes, 1)) / max(1e-9, math.log2(max(full, 2)))
-
-
-def _fitted_shares(accepted: dict[int, float], full: int) -> dict[int, float]:
-    """Each size's share of the full tree's accepted drafts per step (`accepted`: size ->
-    per step at batch 1, sizes from `full` down), as one curve fitted to every measured
-    size: share(n) = (1 - q ** (n - 1)) / (1 - q ** (full - 1)), each further drafted
-    node adding q times what the one before added (exactly so for a chain whose drafts
-    are each accepted with probability q; about so for a tree grown best first), q by
-    least squares. Calibration's generations are short (32 tokens per size): taken size
-    by size, one lucky generation (a traced load) priced a 4-node EAGLE-3 tree at 0.88
-    of a 16-node one against 0.61 for 3 nodes, and the plan drafted 4 nodes, whose 4th
-    row costs a verify +25 % on the 2-core CPU, where 3 accept almost as much. The
-    benchmarks' trees kept 0.55-0.67 (3 nodes) and 0.85-0.89 (8 nodes) of a 16-node
-    tree's accepted drafts on the four question sets (docs/benchmarks.md 1.10). Empty
-    when the full tree accepted nothing."""
-    if accepted.get(full, 0.0) <= 0.0:
-        return {}
-    measured = {n: min(1.0, a / accepted[full]) for n, a in accepted.items() if 2 <= n < full}
-
-    def share(q: float, n: int) -> float:
-        return 1.0 if n >= full else (1.0 - q ** (n - 1)) / (1.0 - q ** (full - 1))
-
-    q = min(SHARE_DECAYS, key=lambda q: sum((share(q, n) - m) ** 2 for n, m in measured.items()))
-    return {n: share(q, n) for n in accepted if n >= 2}
 
 
 def _run_together(engine, requests: list[GenerationRequest]):

@@ -16,7 +16,13 @@ import torch
 
 @dataclass
 class DraftTree:
-    """One request's proposal for one step."""
+    """One request's proposal for one step. Nodes are numbered so that the first m form
+    the tree a budget of m nodes keeps: a static tree's choices in their order, a chain
+    from its root, EAGLE-2/3's nodes best first (a smaller tree drafted anew is also
+    narrower, so its prefix of m is a near match there). The engine cuts a tree at the
+    context's end and grafts prompt lookup's branch in place of its last nodes; the
+    policy reads, from the accepted nodes of a step, what each smaller tree would have
+    accepted (`SpeculationPolicy.observe`)."""
 
     # [N] int64. Node 0 is the root (the last emitted token); the engine writes it from
     # the request, so a drafter may leave any value there.

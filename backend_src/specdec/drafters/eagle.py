@@ -265,7 +265,7 @@ class EagleDrafter:
         best `keep[b]`. `attention(local, region)` builds a depth's AttentionBatch (local
         [B, k, region + k]: the scratch entries each frontier node sees); `head(tokens,
         feats, positions, batch)` runs the head. Returns tokens and parents [B, n + 1],
-        node 0 the root; row b's nodes past keep[b] are padding."""
+        node 0 the root, the others best first; row b's nodes past keep[b] are padding."""
         device = last.device
         B, H = last.shape
         logp, d2t = self._log_probs(last, self.score_temperature)
@@ -305,11 +305,13 @@ class EagleDrafter:
         key = torch.cat(cand_score, dim=1).double() - 1e-6 * all_depth.double()
         # Each request keeps its best keep[b] candidates, for the whole batch at once: the
         # first keep[b] of the batch's top n are a row's own top keep[b]; the rest become
-        # padding (index n_cand, sorted last). Sorted candidate indices are depth-major,
-        # rank order within a parent, so every parent precedes its children.
+        # padding (index n_cand, last). Nodes are numbered best first, so every parent
+        # precedes its children (a child's key is below its parent's) and the first m
+        # nodes are the tree a budget of m keeps (what adaptive speculation learns from
+        # and prompt lookup's graft and the context's end cut, base.DraftTree).
         top = key.topk(n, dim=-1).indices  # [B, n], best first
         kept = torch.arange(n, device=device)[None] < keep[:, None]  # [B, n]
-        sel = torch.where(kept, top, n_cand).sort(dim=-1).values  # [B, n]
+        sel = torch.where(kept, top, n_cand)  # [B, n]
         node_of = torch.zeros(B, n_cand + 1, dtype=torch.long, device=device)  # candidate -> tree node
         node_of.scatter_(1, sel, torch.arange(1, n + 1, device=device)[None].expand(B, n))
         node_of[:, n_cand].fill_(0)  # column n_cand: the root (a depth-1 candidate's parent) and padding
