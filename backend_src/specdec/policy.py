@@ -21,7 +21,9 @@
   beats plain steps by `SPECULATE_MARGIN` (by `KEEP_MARGIN` where the batch's requests
   are drafting already); the costs follow what serving measures.
   Expected accepted tokens come from each request's recent acceptance at each tree
-  size it drafted (`AdaptiveState`), starting from what served requests of its method
+  size it drafted and at the smaller trees within each verified one (`AdaptiveState`;
+  sizes above the last drafted one scaled by shares that served steps refit,
+  tree_shares.py), starting from what served requests of its method
   accepted (`_served_estimate`: the prior measured at load, on other text, corrected
   by served steps and returning to the prior while nothing is drafted), so requests
   whose drafts stop matching, and large batches, speculate less. A request whose
