@@ -248,7 +248,9 @@ def test_unloaded_method_is_an_input_error(prompt):
 
 def test_launched_engine_loads_and_steps_in_one_thread(prompt, greedy):
     """`Engine.launch`: every step runs in the thread that loaded the model (one OpenMP
-    pool on CPU, one current device on GPU), never in the caller's."""
+    pool on CPU, one current device on GPU), never in the caller's. What the load left
+    alive is frozen out of the garbage collector while it serves (`freeze_loaded_objects`)."""
+    import gc
     import threading
 
     from specdec.config import EngineConfig
@@ -260,6 +262,7 @@ def test_launched_engine_loads_and_steps_in_one_thread(prompt, greedy):
                                         adaptive_speculation=False))
     try:
         assert engine.owner is not threading.current_thread()
+        assert gc.get_freeze_count() > 0  # the loaded objects are out of the collector's full passes
         stepped_in = set()
         done = threading.Event()
         out: list[int] = []
@@ -275,6 +278,7 @@ def test_launched_engine_loads_and_steps_in_one_thread(prompt, greedy):
         assert stepped_in == {engine.owner} and out == greedy
     finally:
         engine.shutdown()
+    assert gc.get_freeze_count() == 0  # and back in it once the engine is shut down
 
 
 def test_launch_raises_the_load_error():
