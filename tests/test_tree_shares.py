@@ -73,15 +73,15 @@ def test_served_steps_move_the_shares_from_the_prior_to_the_served_texts():
     prior = {n: share_curve(0.9, n, 16) for n in (2, 3, 4, 8)}
     sizes = [16, 8, 4, 3, 2]
     served = ServedShares()
-    assert served.q(prior.get, sizes, 16) is None  # nothing served yet
+    assert served.refit(prior.get, sizes, 16) is None  # nothing served yet
     rng = random.Random(5)
     for _ in range(2):
         served.add([2, 3], 4, chain_path(rng, 0.45, 4))
-    early = served.q(prior.get, sizes, 16)
+    early = served.refit(prior.get, sizes, 16)
     assert early is None or early >= 0.7  # at most a couple of accepted drafts against SHARE_PRIOR_WEIGHT
     for _ in range(400):
         served.add([2, 3], 4, chain_path(rng, 0.45, 4))
-    q = served.q(prior.get, sizes, 16)
+    q = served.refit(prior.get, sizes, 16)
     assert 0.35 <= q <= 0.6, q  # (the prior still pulls a little)
     assert share_curve(q, 4, 16) / share_curve(q, 2, 16) == pytest.approx(1 + 0.45 + 0.45 ** 2, rel=0.15)
 
@@ -94,10 +94,10 @@ def test_served_evidence_outweighs_the_prior_by_its_accepted_drafts():
     served = ServedShares()
     for _ in range(50):
         served.add([2], 4, [])  # nothing accepted: no evidence
-    assert served.q(prior.get, [16, 8, 4, 2], 16) is None
+    assert served.refit(prior.get, [16, 8, 4, 2], 16) is None
     served = ServedShares()
     served.add([2], 4, [1])  # 2 nodes held everything the 4-node tree accepted (q -> 0 alone)
-    assert SHARE_PRIOR_WEIGHT >= 8 and served.q(prior.get, [16, 8, 4, 2], 16) >= 0.6
+    assert SHARE_PRIOR_WEIGHT >= 8 and served.refit(prior.get, [16, 8, 4, 2], 16) >= 0.6
 
 
 @pytest.mark.parametrize("method", ["eagle2", "eagle3"])

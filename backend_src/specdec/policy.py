@@ -175,12 +175,9 @@ class AdaptiveState:
         Older observations keep DECAY of their weight: the mean follows the last ~20
         steps, so a few bad steps among good ones do not switch speculation off, and
         drafts that stopped matching do."""
-        if self.fresh(nodes) is None:
-            self.at_size[nodes] = [start, PRIOR_WEIGHT, self.observed]
-        entry = self.at_size[nodes]
-        _weigh_in(entry, accepted, DECAY)
+        self.observe_within(nodes, accepted, start)
         self.observed += 1
-        entry[2] = self.observed
+        self.at_size[nodes][2] = self.observed
         self.last_size = nodes
 
     def observe_within(self, nodes: int, accepted: float, start: float) -> None:
@@ -457,7 +454,7 @@ class SpeculationPolicy:
         if nodes >= full:
             return 1.0
         served = self.served_shares.get((method, full))
-        q = served.q(lambda n: self._load_share(method, n, full), self._ladder(full), full) if served else None
+        q = served.q if served else None
         return self._load_share(method, nodes, full) if q is None else share_curve(q, nodes, full)
 
     def _load_share(self, method: str, nodes: int, full: int) -> float:
@@ -607,7 +604,9 @@ class SpeculationPolicy:
         if self._calibrating:  # calibration's text is not what is served
             return
         if smaller:
-            self.served_shares.setdefault((method, full), ServedShares()).add(smaller, reference, path)
+            served = self.served_shares.setdefault((method, full), ServedShares())
+            served.add(smaller, reference, path)
+            served.refit(lambda n: self._load_share(method, n, full), self._ladder(full), full)
         entry = self.served.get((method, full, nodes))
         if entry is None:
             entry = self.served[(method, full, nodes)] = [0.0, 0.0, self._step]

@@ -83,7 +83,7 @@ class ServedShares:
     def __init__(self) -> None:
         self.sums: dict[tuple[int, int], list[float]] = {}  # (n, r) -> [within n, within r, last observation]
         self.observed = 0
-        self._q: Optional[float] = None
+        self.q: Optional[float] = None  # `share_curve`'s q as last fitted (`refit`); None: no evidence yet
         self._fitted_at = -REFIT_EVERY
 
     def add(self, smaller: list[int], reference: int, path: list[int]) -> None:
@@ -98,13 +98,14 @@ class ServedShares:
             entry[1] = keep * entry[1] + within_reference
             entry[2] = self.observed
 
-    def q(self, prior: Callable[[int], float], sizes: list[int], full: int) -> Optional[float]:
-        """The q of `share_curve` that best fits the served ratios (each weighted by its
-        accepted drafts within r, decayed to now) and the `prior` shares of `sizes`
-        (SHARE_PRIOR_WEIGHT spread over them); None before a served step accepted a draft
-        within a reference size. Fitted again every REFIT_EVERY observations."""
-        if self.observed - self._fitted_at < REFIT_EVERY and self._q is not None:
-            return self._q
+    def refit(self, prior: Callable[[int], float], sizes: list[int], full: int) -> Optional[float]:
+        """Sets and returns `q`: the q of `share_curve` that best fits the served ratios
+        (each weighted by its accepted drafts within r, decayed to now) and the `prior`
+        shares of `sizes` (SHARE_PRIOR_WEIGHT spread over them); None before a served
+        step accepted a draft within a reference size. Fitted again only every
+        REFIT_EVERY observations once it has a value (`add` then `refit` after each)."""
+        if self.observed - self._fitted_at < REFIT_EVERY and self.q is not None:
+            return self.q
         self._fitted_at = self.observed
         served = []  # (n, r, ratio, weight)
         for (n, r), (within_n, within_r, last) in self.sums.items():
@@ -112,7 +113,7 @@ class ServedShares:
             if weight > 0.0:
                 served.append((n, r, within_n / within_r, weight))
         if not served:
-            self._q = None
+            self.q = None
             return None
         prior_sizes = [n for n in sizes if 2 <= n < full]
         prior_weight = SHARE_PRIOR_WEIGHT / max(1, len(prior_sizes))
@@ -121,5 +122,5 @@ class ServedShares:
         def loss(q: float) -> float:
             fit = sum(w * (share_curve(q, n, r) - ratio) ** 2 for n, r, ratio, w in served)
             return fit + prior_weight * sum((share_curve(q, n, full) - s) ** 2 for n, s in targets)
-        self._q = min(SHARE_DECAYS, key=loss)
-        return self._q
+        self.q = min(SHARE_DECAYS, key=loss)
+        return self.q
