@@ -1,9 +1,11 @@
 """The engine: in-flight batching of requests over one target model and its drafters.
 
 A step reads top to bottom:
-1. admit waiting requests into free KV slots and prefill them, several prompts per
-   forward where their lengths allow (`prefill.py`; first token emitted);
-2. plan each running request's tree for this step (method, size: `policy.py`);
+1. admit waiting requests into free KV slots and prefill their prompts: whole, several
+   per forward where their lengths allow, or with chunked prefill up to the step's
+   budget of prompt tokens, a long prompt over several steps (`prefill.py`; a request's
+   first token is emitted when its whole prompt is cached);
+2. plan the tree of each running request whose prompt is cached (method, size: `policy.py`);
 3. drafters propose trees (one call per group of requests with equal settings), and
    EAGLE and Medusa trees take prompt lookup's branch (drafters/lookup.py);
 4. ONE target forward verifies every request's tree (plain decoding is a one-node tree);
@@ -43,7 +45,7 @@ from .ops.tree_mask import TreeBuffers, build_tree
 from .ops.verify_greedy import verify_greedy
 from .ops.verify_sampling import verify_sampling
 from .policy import MAX_TREE, SpeculationPolicy, describe
-from .prefill import prefill_groups
+from .prefill import PrefillChunk, prefill_chunks, prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .routing_cache import cached_row_paths, routing_cache_dir
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
@@ -81,7 +83,8 @@ def top_pairs(values: list[float], K: int, k: int) -> list[tuple[int, float]]:
 @dataclass
 class RequestState:
     """A running request. Between steps every token but the last (the root of the
-    next tree) has its KV cached: `cached_len == len(tokens) - 1`."""
+    next tree) has its KV cached: `cached_len == len(tokens) - 1`; before that, while
+    its prompt is prefilled in chunks, `cached_len < prompt_len == len(tokens)`."""
 
     req: GenerationRequest
     emit: Emit
@@ -103,13 +106,18 @@ class RequestState:
     ngrams: Optional[NgramIndex] = None  # for prompt lookup, made at its first tree that takes a branch
     copy_offered: list = field(default_factory=list)  # prompt lookup's copy grafted onto this step's tree
 
+    @property
+    def prefilling(self) -> bool:
+        """Part of its prompt is not cached yet: it is not decoded, and has no first token."""
+        return self.cached_len < self.prompt_len
+
 
 @dataclass(frozen=True)
 class StepLoad:
     """What one engine step scheduled."""
 
-    context_requests: int = 0  # prompts prefilled
-    context_tokens: int = 0  # their tokens
+    context_requests: int = 0  # prompts prefilled (whole or a chunk of them)
+    context_tokens: int = 0  # the prompt tokens prefilled
     generation_requests: int = 0  # requests decoded (a tree verified or a plain step)
     unix_time: float = 0.0  # when it ended (time.time())
 
@@ -338,15 +346,18 @@ class Engine:
                     self._finish(state, [], "error", f"internal error: {type(e).__name__}: {e}")
 
     def step(self) -> None:
-        """One iteration: admit + prefill newcomers, then one decode/verify step."""
+        """One iteration: admit newcomers, prefill (every admitted prompt, or with chunked
+        prefill the step's budget of them), then one decode/verify step of every request
+        whose prompt is cached."""
         self._apply_cancellations()
-        newcomers = self._admit()
-        decoded = len(self._running)
-        if self._running:
+        self._admit()
+        chunks = self._prefill_pending()
+        decoding = [s for s in self._running if not s.prefilling]
+        if decoding:
             # By slot: consecutive slots let attention read the KV cache in place.
-            self._decode(sorted(self._running, key=lambda s: s.slot))
+            self._decode(sorted(decoding, key=lambda s: s.slot))
         self.iterations += 1
-        self.last_step = StepLoad(len(newcomers), sum(s.prompt_len for s in newcomers), decoded, time.time())
+        self.last_step = StepLoad(len(chunks), sum(c.length for c in chunks), len(decoding), time.time())
 
     def _apply_cancellations(self) -> None:
         with self._lock:
@@ -362,9 +373,8 @@ class Engine:
             if state.req.request_id in cancel:
                 self._finish(state, [], "cancelled")
 
-    def _admit(self) -> list[RequestState]:
-        """Takes waiting requests into free slots and prefills them; returns them."""
-        newcomers: list[RequestState] = []
+    def _admit(self) -> None:
+        """Takes waiting requests into free slots (their prompts are prefilled next)."""
         while self.slots.available:
             with self._lock:
                 if not self._waiting:
@@ -378,70 +388,104 @@ class Engine:
                                  scheduled_ns=time.monotonic_ns())
             self._running.append(state)
             self.metrics.requests[settings.method] += 1
-            newcomers.append(state)
-        for group in prefill_groups([s.prompt_len for s in newcomers]):
-            states = [newcomers[i] for i in group]
+
+    def _prefill_pending(self) -> list[PrefillChunk]:
+        """Prefills this step's chunks of the admitted prompts (`prefill.py`): whole
+        prompts in groups that share a forward, a piece of a chunked one alone; returns
+        the chunks."""
+        pending = [s for s in self._running if s.prefilling]  # oldest first
+        if not pending:
+            return []
+        budget = self.config.prefill_chunk_tokens if self.config.enable_chunked_context else None
+        chunks = prefill_chunks([(s.cached_len, s.prompt_len) for s in pending], budget)
+        whole = [c for c in chunks if c.whole]
+        forwards = [[whole[i] for i in group] for group in prefill_groups([c.length for c in whole])]
+        forwards += [[c] for c in chunks if not c.whole]
+        for forward in forwards:
+            states = [pending[c.index] for c in forward]
             try:
-                self._prefill(states)
+                self._prefill(states, [c.length for c in forward])
             except Exception as e:
                 for state in states:
                     self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
-        return newcomers
+        return chunks
 
-    def _prefill(self, states: list[RequestState]) -> None:
-        """One target forward over the prompts of `states`, padded to the longest (the
-        padding's KV entries land past each prompt, where the next step overwrites
-        them); each request's first token comes from its own last prompt position."""
+    def _prefill(self, states: list[RequestState], lengths: list[int]) -> None:
+        """One target forward over the next `lengths[b]` prompt tokens of each request
+        (after its `cached_len` cached ones), padded to the longest (the padding's KV
+        entries land past each piece, where the next piece or step overwrites them); a
+        request whose piece ends its prompt gets its first token from the piece's last
+        position. Only whole prompts share a forward, so padded rows all start at 0."""
         dev = self.device
-        B, lens = len(states), [len(s.tokens) for s in states]
-        L = max(lens)
-        ids = to_device([s.tokens + [0] * (L - len(s.tokens)) for s in states], dev)  # [B, L]
+        B, starts = len(states), [s.cached_len for s in states]
+        L = max(lengths)
+        pieces = [s.tokens[a: a + n] + [0] * (L - n) for s, a, n in zip(states, starts, lengths)]
+        ids = to_device(pieces, dev)  # [B, L]
         drafters = [self.drafters.get(s.settings.method) for s in states]
         aux_layers = self.aux_layers if any(d is not None and d.needs_aux for d in drafters) else ()
         host_slots = [s.slot for s in states]
-        meta = to_device([host_slots, [n - 1 for n in lens]], dev)  # [2, B]: slots, last prompt positions
-        batch = AttentionBatch.build(meta[0], torch.zeros(B, dtype=torch.long, device=dev),
-                                     causal_mask(B, L, dev), host_slots=host_slots, max_prefix=0)
+        # First tokens are due from every row (whole prompts) or none (a piece alone that does not end its prompt).
+        ending = [b for b, s in enumerate(states) if starts[b] + lengths[b] == s.prompt_len]
+        assert len(ending) in (0, B), (starts, lengths)
+        # [3, B]: slots, cached lengths, the pieces' last positions
+        meta = to_device([host_slots, starts, [n - 1 for n in lengths]], dev)
+        batch = AttentionBatch.build(meta[0], meta[1], causal_mask(B, L, dev), host_slots=host_slots,
+                                     max_prefix=max(starts))
         with torch.inference_mode():
-            positions = torch.arange(L, device=dev)[None].expand(B, L)
+            positions = meta[1][:, None] + torch.arange(L, device=dev)[None]  # [B, L]
             hidden, aux = self.target(ids, positions, self.cache, batch, aux_layers)
-            last = hidden[torch.arange(B, device=dev), meta[1]]  # [B, H]
-            logits = self.target.logits(last[:, None])  # [B, 1, V]
-            firsts = []
             for b, (s, drafter) in enumerate(zip(states, drafters)):
-                s.cached_len = lens[b]
-                firsts.append(self._first_token(s, logits[b : b + 1]))
+                s.cached_len = starts[b] + lengths[b]
                 if drafter is not None:
-                    drafter.prefill(s, hidden[b, : lens[b]], aux[b, : lens[b]] if aux is not None else None)
-            scored = {b: self._prompt_scores(s, hidden[b, : lens[b] - 1]) for b, s in enumerate(states)
-                      if s.req.return_prompt_log_probs}
-            # The prefill's one host sync: the first tokens are emitted from the host
-            # (ids travel as float64, exact below 2**53, beside their log-probs), with the
-            # K most likely ids and their log-probs where a request asked for alternatives.
-            K = max(s.req.top_log_probs for s in states)
-            rows = []
-            for token, logp, log_dist in firsts:
-                parts = [token.double()[None], logp.double()[None]]
-                if K:
-                    top = log_dist.topk(K)
-                    parts += [top.indices.double(), top.values.double()]
-                rows.append(torch.cat(parts))
-            host = torch.stack(rows).tolist()  # [B, 2 + 2K]
+                    n = lengths[b]
+                    drafter.prefill(s, hidden[b, :n], aux[b, :n] if aux is not None else None, starts[b])
+            # A piece scores the prompt tokens after each of its positions; the prompt's
+            # last position has none after it.
+            scored = {b: self._prompt_scores(s, hidden[b, : min(lengths[b], s.prompt_len - 1 - starts[b])],
+                                             starts[b])
+                      for b, s in enumerate(states) if s.req.return_prompt_log_probs}
+            host, K = [], 0
+            if ending:
+                last = hidden[torch.arange(B, device=dev), meta[2]]  # [B, H]
+                logits = self.target.logits(last[:, None])  # [B, 1, V]
+                firsts = [self._first_token(s, logits[b: b + 1]) for b, s in enumerate(states)]
+                # The prefill's one host sync: the first tokens are emitted from the host
+                # (ids travel as float64, exact below 2**53, beside their log-probs), with
+                # the K most likely ids and their log-probs where a request asked for
+                # alternatives. A piece that ends no prompt needs none.
+                K = max(s.req.top_log_probs for s in states)
+                rows = []
+                for token, logp, log_dist in firsts:
+                    parts = [token.double()[None], logp.double()[None]]
+                    if K:
+                        top = log_dist.topk(K)
+                        parts += [top.indices.double(), top.values.double()]
+                    rows.append(torch.cat(parts))
+                host = torch.stack(rows).tolist()  # [B, 2 + 2K]
             for b, scores in scored.items():  # asked for: one more transfer per such request
-                k, rows = states[b].req.top_log_probs, scores.tolist()  # [L - 1, 1 + 2k]
-                states[b].prompt_scores = {"prompt_log_probs": [r[0] for r in rows],
-                                           "prompt_top_log_probs": [top_pairs(r[1:], k, k) for r in rows] if k else []}
+                self._add_prompt_scores(states[b], scores.tolist())
         for s, row in zip(states, host):
             top = [top_pairs(row[2:], K, s.req.top_log_probs)] if s.req.top_log_probs else None
             self._emit(s, [int(row[0])], [row[1]], top)
 
-    def _prompt_scores(self, state: RequestState, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [L - 1, H] at prompt positions 1..L-1 -> [L - 1, 1 + 2k] float64 on the
-        device: the log-prob of the prompt token that follows each position under the
+    @staticmethod
+    def _add_prompt_scores(state: RequestState, rows: list[list[float]]) -> None:
+        """Appends a piece's scored prompt positions (`_prompt_scores`' rows) to what the
+        request's first output will carry."""
+        k = state.req.top_log_probs
+        if state.prompt_scores is None:
+            state.prompt_scores = {"prompt_log_probs": [], "prompt_top_log_probs": []}
+        state.prompt_scores["prompt_log_probs"] += [r[0] for r in rows]
+        if k:
+            state.prompt_scores["prompt_top_log_probs"] += [top_pairs(r[1:], k, k) for r in rows]
+
+    def _prompt_scores(self, state: RequestState, hidden: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """hidden [P, H] at prompt positions start..start+P-1 -> [P, 1 + 2k] float64 on
+        the device: the log-prob of the prompt token that follows each position under the
         target's own distribution (no sampling settings apply to a prompt), then the k
         most likely ids and their log-probs (k = top_log_probs). The LM head runs over
         `SCORE_CHUNK` positions at a time, so a long prompt never holds [L, V] logits."""
-        following = to_device(state.tokens[1: hidden.shape[0] + 1], self.device, torch.long)
+        following = to_device(state.tokens[start + 1: start + hidden.shape[0] + 1], self.device, torch.long)
         k = state.req.top_log_probs
         chunks = []
         for start in range(0, hidden.shape[0], SCORE_CHUNK):
@@ -746,6 +790,8 @@ class Engine:
         drafter = self.drafters.get(state.settings.method)
         if drafter is not None and state.draft is not None:
             drafter.release(state)
+        if state.prefilling:  # ended before its prompt was all scored (cancelled)
+            state.prompt_scores = None
         prompt, state.prompt_scores = state.prompt_scores or {}, None
         state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats,
                               state.scheduled_ns, top_log_probs=top_log_probs or [], **prompt))

@@ -75,8 +75,10 @@ class Drafter(Protocol):
 
     needs_aux: bool  # wants the target's EAGLE-3 features
 
-    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
-        """After the target's prefill of `state`: hidden [L, H] / aux [L, 3H] of the prompt."""
+    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor], start: int = 0) -> None:
+        """After the target's prefill of a piece of `state`'s prompt: hidden [n, H] / aux
+        [n, 3H] at prompt positions `[start, start + n)`. A chunked prompt comes in
+        pieces, in order, over several steps (prefill.py); a whole one in one, start 0."""
 
     def propose(self, states: list, settings: list[TreeSettings]) -> list[DraftTree]:
         """One tree per state."""

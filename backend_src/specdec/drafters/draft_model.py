@@ -76,7 +76,7 @@ class DraftModelDrafter:
         """Memory one request's slot takes."""
         return self.cache.kv.nbytes // self.cache.num_slots
 
-    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
+    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor], start: int = 0) -> None:
         state.draft = DraftModelState(draft_len=0)  # the first catch-up reads the prompt
 
     def commit(self, states: list, accepted: AcceptedBatch) -> None:

@@ -114,10 +114,10 @@ class EagleDrafter:
         return (self.cache.kv.nbytes + self.feats.nbytes) // self.cache.num_slots
 
     # -- state ---------------------------------------------------------------------------
-    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
-        src = aux if self.eagle3 else hidden  # [L, F]
-        self.feats[state.slot, : src.shape[0]] = src
-        state.draft = EagleState(head_len=0)
+    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor], start: int = 0) -> None:
+        src = aux if self.eagle3 else hidden  # [n, F]: prompt positions [start, start + n)
+        self.feats[state.slot, start : start + src.shape[0]] = src
+        state.draft = EagleState(head_len=0)  # the first drafting call catches the head up on the prompt
 
     def commit(self, states: list, accepted: AcceptedBatch) -> None:
         """Writes each request's accepted path features at positions start + j in one

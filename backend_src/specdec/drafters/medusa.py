@@ -48,8 +48,8 @@ class MedusaDrafter:
         top = self.heads(hidden).topk(k, dim=-1).indices  # columns of the heads' outputs
         return top if self.vocab_ids is None else self.vocab_ids[top]
 
-    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
-        state.draft = MedusaState(hidden[-1])
+    def prefill(self, state, hidden: torch.Tensor, aux: Optional[torch.Tensor], start: int = 0) -> None:
+        state.draft = MedusaState(hidden[-1])  # the last piece's last position is the one drafted from
 
     def commit(self, states: list, accepted: AcceptedBatch) -> None:
         B = len(states)

@@ -1,0 +1,158 @@
+"""Chunked prefill (TensorRT-LLM's `enable_chunked_context`): which pieces of which
+prompts a step takes; that a prompt prefilled in pieces generates what it generates
+whole, for every method; that running requests decode between the pieces of a long
+prompt; and that a request cancelled mid-prompt frees its slot and leaves nothing
+behind for the next one."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine_helpers import FAMILY, code_prompts, make_engine, request, run_outputs
+from specdec.config import EngineConfig
+from specdec.errors import ConfigError
+from specdec.prefill import prefill_chunks
+
+
+def test_a_step_takes_the_budget_oldest_first_each_from_where_its_cache_ends():
+    rng = random.Random(0)
+    for _ in range(500):
+        pending = []
+        for _ in range(rng.randint(0, 6)):
+            prompt_len = rng.randint(1, 90)
+            pending.append((rng.randint(0, prompt_len - 1), prompt_len))
+        budget = rng.choice([None, 1, 7, 64, 512])
+        chunks = prefill_chunks(pending, budget)
+        assert [c.index for c in chunks] == list(range(len(chunks)))  # oldest first, none skipped
+        remaining = [p - c for c, p in pending]
+        for c in chunks:
+            assert c.start == pending[c.index][0] and c.prompt_len == pending[c.index][1]
+            assert 1 <= c.length <= remaining[c.index]
+            assert c.last == (c.length == remaining[c.index])
+            assert c.whole == (c.start == 0 and c.last)
+        assert all(c.last for c in chunks[:-1])  # only the last one taken can be cut short
+        taken = sum(c.length for c in chunks)
+        if budget is None:
+            assert len(chunks) == len(pending) and taken == sum(remaining)
+        else:
+            assert taken == min(budget, sum(remaining))
+
+
+def test_the_docstring_example():
+    steps, pending = [], [(0, 5), (0, 12), (0, 3)]
+    while pending:
+        chunks = prefill_chunks(pending, 8)
+        steps.append([(c.index + 3 - len(pending), c.start, c.start + c.length) for c in chunks])
+        for c in chunks:
+            pending[c.index] = (c.start + c.length, c.prompt_len)
+        pending = [p for p in pending if p[0] < p[1]]
+    assert steps == [[(0, 0, 5), (1, 0, 3)], [(1, 3, 11)], [(1, 11, 12), (2, 0, 3)]]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    code = code_prompts(6, max_tokens=160)
+    return [p for p in code if len(p) >= 40][:3] + [(code[0] + code[1] + code[2])[:100]]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return (make_engine(dtype="float64", enable_chunked_context=False),
+            make_engine(dtype="float64", prefill_chunk_tokens=7))
+
+
+@pytest.mark.parametrize("method", ["none", "eagle", "eagle2", "eagle3", "medusa", "draft_model"])
+def test_a_prompt_prefilled_in_pieces_generates_what_it_generates_whole(engines, prompts, method):
+    """float64: every output token, its log-prob and alternatives, and the prompt's own
+    log-probs with theirs, of a prompt prefilled whole and in 7-token pieces; greedy,
+    then a seeded sampled request."""
+    whole, chunked = engines
+    for i, kw in enumerate([{}, dict(temperature=0.8, top_p=0.9, seed=11)]):
+        r = request(prompts[i], 20, method, rid=f"{method}-{i}", return_log_probs=True,
+                    return_prompt_log_probs=True, top_log_probs=2, **kw)
+        a, b = run_outputs(whole, [r])[r.request_id], run_outputs(chunked, [r])[r.request_id]
+        assert [t for o in b for t in o.token_ids] == [t for o in a for t in o.token_ids]
+        assert [p for o in b for p in o.log_probs] == pytest.approx([p for o in a for p in o.log_probs], abs=1e-9)
+        assert len(a[0].prompt_log_probs) == len(prompts[i]) - 1
+        assert b[0].prompt_log_probs == pytest.approx(a[0].prompt_log_probs, abs=1e-9)
+        assert [[t for t, _ in top] for top in b[0].prompt_top_log_probs] == \
+            [[t for t, _ in top] for top in a[0].prompt_top_log_probs]
+
+
+def _collect(outs: dict, rid: str):
+    outs[rid] = []
+    return outs[rid].append
+
+
+def test_running_requests_decode_between_the_pieces_of_a_long_prompt(prompts):
+    long = prompts[-1]
+    assert len(long) == 100
+    for chunked in (True, False):
+        engine = make_engine(prefill_chunk_tokens=16, enable_chunked_context=chunked)
+        outs: dict = {}
+        engine.submit(request(prompts[0][:10], 64, "none", rid="running"), _collect(outs, "running"))
+        engine.step()
+        engine.submit(request(long, 4, "eagle3", rid="long"), _collect(outs, "long"))
+        loads = []
+        while not outs["long"]:
+            seen = len(outs["running"])
+            engine.step()
+            loads.append(engine.last_step)
+            assert len(outs["running"]) == seen + 1  # one plain step each: never held up
+        if chunked:  # ceil(100 / 16) steps, the long request decoded from the last one on
+            assert [s.context_tokens for s in loads] == [16] * 6 + [4]
+            assert [s.generation_requests for s in loads] == [1] * 6 + [2]
+        else:
+            assert [(s.context_tokens, s.generation_requests) for s in loads] == [(100, 2)]
+
+
+def test_a_budget_shared_by_several_prompts_matches_their_runs_alone(prompts):
+    """The module docstring's example of `prefill.py`: prompts of 5, 12 and 3 tokens
+    with a budget of 8 get their first tokens at steps 1, 3 and 3."""
+    engine = make_engine(prefill_chunk_tokens=8)
+    reqs = [request(prompts[0][:n], 6, m, rid=f"r{n}") for n, m in [(5, "eagle2"), (12, "eagle3"), (3, "medusa")]]
+    alone = {r.request_id: [t for o in run_outputs(engine, [r])[r.request_id] for t in o.token_ids] for r in reqs}
+    outs: dict = {}
+    for r in reqs:
+        engine.submit(r, _collect(outs, r.request_id))
+    first = {}
+    while engine.num_active:
+        engine.step()
+        for rid, got in outs.items():
+            if got and rid not in first:
+                first[rid] = engine.iterations
+    start = min(first.values())
+    assert {rid: step - start + 1 for rid, step in first.items()} == {"r5": 1, "r12": 3, "r3": 3}
+    assert {rid: [t for o in got for t in o.token_ids] for rid, got in outs.items()} == alone
+
+
+def test_a_request_cancelled_mid_prompt_frees_its_slot_and_leaves_nothing_behind(prompts):
+    engine = make_engine(prefill_chunk_tokens=16, max_batch_size=1)
+    r = request(prompts[-1], 12, "eagle3", rid="r", return_prompt_log_probs=True)
+    expected = [t for o in run_outputs(engine, [r])["r"] for t in o.token_ids]
+    outs: dict = {}
+    engine.submit(r, _collect(outs, "r"))
+    engine.step()
+    engine.step()
+    assert not outs["r"] and engine.slots.available == 0  # two pieces of seven in
+    engine.cancel("r")
+    engine.step()
+    [last] = outs["r"]
+    assert last.finished and last.finish_reason == "cancelled" and not last.token_ids
+    assert last.prompt_log_probs == []  # a part of the prompt's scores is not sent
+    assert engine.slots.available == 1 and engine.num_active == 0
+    # The slot's stale cache and features (two pieces' worth) do not leak into the next request.
+    assert [t for o in run_outputs(engine, [r])["r"] for t in o.token_ids] == expected
+
+
+def test_the_parameters():
+    base = {"base_model_dir": str(FAMILY / "base")}
+    config = EngineConfig.from_params(base)
+    assert config.enable_chunked_context and config.prefill_chunk_tokens == 256
+    config = EngineConfig.from_params({**base, "enable_chunked_context": "false", "prefill_chunk_tokens": "64"})
+    assert not config.enable_chunked_context and config.prefill_chunk_tokens == 64
+    with pytest.raises(ConfigError, match="'prefill_chunk_tokens' must be >= 1"):
+        EngineConfig.from_params({**base, "prefill_chunk_tokens": "0"})
+    with pytest.raises(ConfigError, match="'enable_chunked_context' must be a bool"):
+        EngineConfig.from_params({**base, "enable_chunked_context": "sometimes"})
