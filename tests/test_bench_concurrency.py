@@ -54,6 +54,7 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     (["--concurrency", "a"], "integers"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--url", "localhost:1", "--configs", "eagle2-fixed"], "needs --eagle-total-tokens"),
+    (["--url", "localhost:1", "--configs", "plain-whole"], "a -whole configuration needs the engine in this process"),
     (["--output-tokens", "0"], "--output-tokens must be N or LO-HI with 1 <= LO <= HI, got '0'"),
     (["--output-tokens", "48-16"], "got '48-16'"),
     (["--output-tokens", "a-b"], "got 'a-b'"),
@@ -107,3 +108,28 @@ def test_repeats_report_medians_of_ratios_within_a_repeat():
     assert row["ratio"] == pytest.approx(1.1) and (row["ratio_min"], row["ratio_max"]) == (pytest.approx(0.9), 1.2)
     assert row["tokens_per_s"] == 90 and row["repeats"] == 3
     assert "1.10x (0.90-1.20)" in bc.format_table(points, configs)
+
+
+def test_a_whole_configuration_turns_chunked_prefill_off_while_it_runs():
+    """`-whole` combines with the other suffixes; its requests find the engine's chunked
+    prefill off, the others' on (as the engine was loaded)."""
+    configs = {c.label: c for c in bc.parse_configs("plain,plain-whole,eagle3-nolookup-whole-fixed")}
+    assert [(c.method, c.whole_prefill, c.lookup, c.fixed) for c in configs.values()] == [
+        ("none", False, True, False), ("none", True, True, False), ("eagle3", True, False, True)]
+
+    class Engine:  # what InProcess reads and calls
+        def __init__(self):
+            from specdec.config import EngineConfig
+            self.config = EngineConfig(base_model_dir=str(FAMILY / "base"))
+            self.seen = []
+
+        def submit(self, req, emit):
+            from specdec.request import AcceptanceStats, StepOutput
+            self.seen.append(self.config.enable_chunked_context)
+            emit(StepOutput(req.request_id, [1] * req.max_tokens, [], True, "length", None, AcceptanceStats()))
+
+    engine = Engine()
+    run = bc.InProcess(engine)
+    for label in ("plain-whole", "plain-whole", "plain", "plain-whole", "plain"):
+        assert run(configs[label], [1, 2], 3, "r").output_tokens == 3
+    assert engine.seen == [False, False, True, False, True]

@@ -3,6 +3,7 @@ equals the full forward's, its off-state comparison drafts nothing (the tool sto
 otherwise), and its two ways of truncating a distribution agree."""
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ from engine_helpers import FAMILY  # noqa: E402
 def test_tiny_run_reports_both_measurements(tmp_path):
     out = tmp_path / "overheads.json"
     assert bench_overheads.main(["--family", str(FAMILY), "--pairs", "24", "--iters", "1", "--batch", "3",
-                                 "--steps", "2", "--repeats", "2", "--measure", "catch-up,off-state", "--report-json", str(out)]) == 0
+                                 "--steps", "2", "--repeats", "3", "--measure", "catch-up,off-state",
+                                 "--off-methods", "eagle2,eagle3", "--report-json", str(out)]) == 0
     r = json.loads(out.read_text())
     for method in ("eagle2", "eagle3"):
         row = r["catch_up"][method]
@@ -24,7 +26,10 @@ def test_tiny_run_reports_both_measurements(tmp_path):
         assert row["max_abs_diff"] < 1e-4
     m = r["off_state"]["median_ms"]
     assert m["none"]["step"] > 0 and m["eagle2"]["step"] > 0 and m["eagle2"]["commit"] > 0
-    assert [len(r["off_state"]["per_repeat_ms"][k]) for k in ("none", "eagle2")] == [2, 2]
+    assert m["eagle3"]["step"] > 0 and m["eagle3"]["commit"] > 0  # EAGLE-3's features are committed too
+    assert [len(r["off_state"]["per_repeat_ms"][k]) for k in ("none", "eagle2", "eagle3")] == [3, 3, 3]
+    assert set(r["off_state"]["overheads"]) == {"eagle2", "eagle3"}
+    assert gc.get_freeze_count() == 0  # frozen as a launched engine is while it measured, not after
     assert "sampling" not in r  # (not asked for)
 
 

@@ -8,11 +8,13 @@ Three measurements on the shipped family (float32), each side by side in one pro
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
   the full forward against the output at the last position only (`queries`), median of
   `--iters` calls each; the two outputs are compared too.
-- off-state: `--batch` requests stepped as plain decoding and as adaptive EAGLE-2 with
-  every tree turned down (verification of any tree priced 100x), `--steps` steps each,
-  alternating `--repeats` times; per step: the whole step, the policy's planning and the
-  EAGLE features' commit. What adaptive speculation costs when it speculates nothing
-  (the run stops if a tree is drafted in a timed step).
+- off-state: `--batch` requests stepped as plain decoding and as adaptive speculation
+  with each of `--off-methods` (EAGLE-2 by default), every tree turned down
+  (verification of any tree priced 100x), `--steps` steps each, taking turns `--repeats`
+  times (the loaded objects frozen out of the garbage collector first, as
+  `Engine.launch` does); per step: the whole step, the policy's planning and the EAGLE
+  features' commit. What adaptive speculation costs when it speculates nothing (the run
+  stops if a tree is drafted in a timed step).
 - sampling: `sampling.probabilities` on the target's own next-token distributions (the
   last positions of HumanEval and MT-bench prompts), batches of B requests x N tree
   nodes, temperature 0.8 with top-p, top-k or both: the tokens they can keep ranked
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gc
 import json
 import statistics
 import sys
@@ -88,7 +91,16 @@ def catch_up(engine: Engine, pairs: int, iters: int) -> dict:
     return out
 
 
-def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int) -> dict:
+def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int,
+              methods: tuple[str, ...] = ("eagle2",)) -> dict:
+    engine_module.freeze_loaded_objects()
+    try:
+        return _off_state(engine, prompts, steps, repeats, methods)
+    finally:
+        gc.unfreeze()
+
+
+def _off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int, methods: tuple[str, ...]) -> dict:
     spent: dict[str, float] = collections.defaultdict(float)
 
     def timed(cls, name: str, key: str) -> None:
@@ -109,9 +121,10 @@ def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int
     for (B, N), seconds in list(cost.verify.items()):  # no tree ever pays: adaptive requests stay plain
         if N > 1:
             cost.set_verify(B, N, 100 * seconds)
-    per_step: dict[str, list[dict]] = {"none": [], "eagle2": []}
+    order = ("none",) + tuple(methods)
+    per_step: dict[str, list[dict]] = {m: [] for m in order}
     for r in range(repeats):
-        for method in ("none", "eagle2") if r % 2 == 0 else ("eagle2", "none"):
+        for method in order[r % len(order):] + order[: r % len(order)]:
             for i, ids in enumerate(prompts):
                 req = GenerationRequest(f"{method}-{r}-{i}", ids, steps + 8, spec=SpecParams(method=method))
                 engine.submit(req, lambda o: None)
@@ -128,8 +141,10 @@ def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int
                 engine._finish(state, [], "cancelled")
     summary = {m: {k: statistics.median(x.get(k, 0.0) for x in rows) for k in ("step", "plan", "commit")}
                for m, rows in per_step.items()}
-    summary["overhead"] = summary["eagle2"]["step"] / summary["none"]["step"] - 1
-    return dict(batch=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=per_step, median_ms=summary)
+    overheads = {m: summary[m]["step"] / summary["none"]["step"] - 1 for m in methods}
+    summary["overhead"] = overheads[methods[0]]  # (the key of reports written before --off-methods)
+    return dict(batch=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=per_step, median_ms=summary,
+                overheads=overheads)
 
 
 SAMPLING_SHAPES = ((1, 3), (1, 16), (16, 16))  # (requests, tree nodes) per probabilities() call
@@ -189,6 +204,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch", type=int, default=32, help="requests stepped together (default 32)")
     p.add_argument("--steps", type=int, default=40, help="timed steps per repeat (default 40)")
     p.add_argument("--repeats", type=int, default=5, help="plain/adaptive alternations (default 5)")
+    p.add_argument("--off-methods", default="eagle2", help="off-state: adaptive methods against plain (eagle2,eagle3)")
     p.add_argument("--sampling-iters", type=int, default=10, help="probabilities() calls per variant (default 10)")
     p.add_argument("--measure", default="catch-up,off-state,sampling",
                    help="comma-separated: catch-up, off-state, sampling (default all three)")
@@ -213,11 +229,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"catch-up {method}, {row['pairs']} pairs: full {row['full_ms']:.2f} ms, last position only "
                   f"{row['queries_ms']:.2f} ms (max |diff| {row['max_abs_diff']:.1e})")
     if "off-state" in measure:
-        report["off_state"] = off_state(engine, prompts, args.steps, args.repeats)
+        methods = tuple(args.off_methods.split(","))
+        report["off_state"] = off_state(engine, prompts, args.steps, args.repeats, methods)
         m = report["off_state"]["median_ms"]
-        print(f"off-state, batch {args.batch}: plain {m['none']['step']:.2f} ms/step, adaptive EAGLE-2 with every "
-              f"tree off {m['eagle2']['step']:.2f} ms/step ({100 * m['overhead']:+.1f} %); planning "
-              f"{m['eagle2']['plan']:.3f} ms, EAGLE commit {m['eagle2']['commit']:.3f} ms")
+        for method in methods:
+            print(f"off-state, batch {args.batch}: plain {m['none']['step']:.2f} ms/step, adaptive {method} with "
+                  f"every tree off {m[method]['step']:.2f} ms/step "
+                  f"({100 * report['off_state']['overheads'][method]:+.1f} %); planning "
+                  f"{m[method]['plan']:.3f} ms, EAGLE commit {m[method]['commit']:.3f} ms")
     if "sampling" in measure:
         chat = first_turns(read_question_set(question_set_path("mt_bench")))
         pool = [encode_question(tokenizer, t, "auto")[:200] for pair in zip(texts, chat) for t in pair]
