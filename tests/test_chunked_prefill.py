@@ -1,8 +1,10 @@
 """Chunked prefill (TensorRT-LLM's `enable_chunked_context`): which pieces of which
 prompts a step takes; that a prompt prefilled in pieces generates what it generates
 whole, for every method; that running requests decode between the pieces of a long
-prompt; and that a request cancelled mid-prompt frees its slot and leaves nothing
-behind for the next one."""
+prompt, and that with none decoding every prompt is prefilled whole; and that a request
+cancelled mid-prompt frees its slot and leaves nothing behind for the next one. The
+budget applies while some request decodes, so the tests keep one decoding beside the
+prompts they prefill in pieces (`_beside`)."""
 from __future__ import annotations
 
 import random
@@ -62,27 +64,46 @@ def engines():
             make_engine(dtype="float64", prefill_chunk_tokens=7))
 
 
+def _collect(outs: dict, rid: str):
+    outs[rid] = []
+    return outs[rid].append
+
+
+def _beside(engine, reqs: list, outs: dict) -> int:
+    """Submits `reqs` while a plain request is decoding (so that the prefill budget
+    applies), steps until they are done and cancels it; returns the step count."""
+    engine.submit(request([1, 2, 3], 400, "none", rid="beside"), _collect(outs, "beside"))
+    engine.step()
+    for r in reqs:
+        engine.submit(r, _collect(outs, r.request_id))
+    steps = 0
+    while any(not (outs[r.request_id] and outs[r.request_id][-1].finished) for r in reqs):
+        engine.step()
+        steps += 1
+    engine.cancel("beside")
+    engine.step()
+    assert engine.num_active == 0
+    return steps
+
+
 @pytest.mark.parametrize("method", ["none", "eagle", "eagle2", "eagle3", "medusa", "draft_model"])
 def test_a_prompt_prefilled_in_pieces_generates_what_it_generates_whole(engines, prompts, method):
     """float64: every output token, its log-prob and alternatives, and the prompt's own
-    log-probs with theirs, of a prompt prefilled whole and in 7-token pieces; greedy,
-    then a seeded sampled request."""
+    log-probs with theirs, of a prompt prefilled whole and in 7-token pieces (beside a
+    decoding request); greedy, then a seeded sampled request."""
     whole, chunked = engines
     for i, kw in enumerate([{}, dict(temperature=0.8, top_p=0.9, seed=11)]):
         r = request(prompts[i], 20, method, rid=f"{method}-{i}", return_log_probs=True,
                     return_prompt_log_probs=True, top_log_probs=2, **kw)
-        a, b = run_outputs(whole, [r])[r.request_id], run_outputs(chunked, [r])[r.request_id]
+        outs: dict = {}
+        assert _beside(chunked, [r], outs) >= len(prompts[i]) // 7  # in pieces
+        a, b = run_outputs(whole, [r])[r.request_id], outs[r.request_id]
         assert [t for o in b for t in o.token_ids] == [t for o in a for t in o.token_ids]
         assert [p for o in b for p in o.log_probs] == pytest.approx([p for o in a for p in o.log_probs], abs=1e-9)
         assert len(a[0].prompt_log_probs) == len(prompts[i]) - 1
         assert b[0].prompt_log_probs == pytest.approx(a[0].prompt_log_probs, abs=1e-9)
         assert [[t for t, _ in top] for top in b[0].prompt_top_log_probs] == \
             [[t for t, _ in top] for top in a[0].prompt_top_log_probs]
-
-
-def _collect(outs: dict, rid: str):
-    outs[rid] = []
-    return outs[rid].append
 
 
 def test_running_requests_decode_between_the_pieces_of_a_long_prompt(prompts):
@@ -109,29 +130,37 @@ def test_running_requests_decode_between_the_pieces_of_a_long_prompt(prompts):
 
 def test_a_budget_shared_by_several_prompts_matches_their_runs_alone(prompts):
     """The module docstring's example of `prefill.py`: prompts of 5, 12 and 3 tokens
-    with a budget of 8 get their first tokens at steps 1, 3 and 3."""
+    with a budget of 8, arriving while a request decodes, get their first tokens at
+    steps 1, 3 and 3; arriving at an idle engine, all at step 1."""
     engine = make_engine(prefill_chunk_tokens=8)
     reqs = [request(prompts[0][:n], 6, m, rid=f"r{n}") for n, m in [(5, "eagle2"), (12, "eagle3"), (3, "medusa")]]
     alone = {r.request_id: [t for o in run_outputs(engine, [r])[r.request_id] for t in o.token_ids] for r in reqs}
-    outs: dict = {}
-    for r in reqs:
-        engine.submit(r, _collect(outs, r.request_id))
-    first = {}
-    while engine.num_active:
+    for busy in (True, False):
+        outs: dict = {}
+        if busy:
+            engine.submit(request([1, 2, 3], 400, "none", rid="beside"), _collect(outs, "beside"))
+            engine.step()
+        for r in reqs:
+            engine.submit(r, _collect(outs, r.request_id))
+        first, start = {}, engine.iterations
+        while any(not (outs[r.request_id] and outs[r.request_id][-1].finished) for r in reqs):
+            engine.step()
+            for r in reqs:
+                if outs[r.request_id] and r.request_id not in first:
+                    first[r.request_id] = engine.iterations - start
+        assert first == ({"r5": 1, "r12": 3, "r3": 3} if busy else {"r5": 1, "r12": 1, "r3": 1})
+        assert {r.request_id: [t for o in outs[r.request_id] for t in o.token_ids] for r in reqs} == alone
+        engine.cancel("beside")
         engine.step()
-        for rid, got in outs.items():
-            if got and rid not in first:
-                first[rid] = engine.iterations
-    start = min(first.values())
-    assert {rid: step - start + 1 for rid, step in first.items()} == {"r5": 1, "r12": 3, "r3": 3}
-    assert {rid: [t for o in got for t in o.token_ids] for rid, got in outs.items()} == alone
 
 
 def test_a_request_cancelled_mid_prompt_frees_its_slot_and_leaves_nothing_behind(prompts):
-    engine = make_engine(prefill_chunk_tokens=16, max_batch_size=1)
+    engine = make_engine(prefill_chunk_tokens=16, max_batch_size=2)
     r = request(prompts[-1], 12, "eagle3", rid="r", return_prompt_log_probs=True)
     expected = [t for o in run_outputs(engine, [r])["r"] for t in o.token_ids]
     outs: dict = {}
+    engine.submit(request([1, 2, 3], 400, "none", rid="beside"), _collect(outs, "beside"))
+    engine.step()
     engine.submit(r, _collect(outs, "r"))
     engine.step()
     engine.step()
@@ -141,7 +170,10 @@ def test_a_request_cancelled_mid_prompt_frees_its_slot_and_leaves_nothing_behind
     [last] = outs["r"]
     assert last.finished and last.finish_reason == "cancelled" and not last.token_ids
     assert last.prompt_log_probs == []  # a part of the prompt's scores is not sent
-    assert engine.slots.available == 1 and engine.num_active == 0
+    assert engine.slots.available == 1 and engine.num_active == 1
+    engine.cancel("beside")
+    engine.step()
+    assert engine.slots.available == 2 and engine.num_active == 0
     # The slot's stale cache and features (two pieces' worth) do not leak into the next request.
     assert [t for o in run_outputs(engine, [r])["r"] for t in o.token_ids] == expected
 

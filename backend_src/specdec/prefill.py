@@ -1,8 +1,9 @@
 """Prefill: how much of which admitted prompts a step prefills, and in which forwards.
 
 Chunks (`prefill_chunks`). With chunked prefill on (TensorRT-LLM's
-`enable_chunked_context`), a step prefills at most a budget of prompt tokens, taking
-the admitted requests oldest first, each from where its cache ends: a 2,048-token prompt
+`enable_chunked_context`) and requests decoding, a step prefills at most a budget of
+prompt tokens, taking the admitted requests oldest first, each from where its cache
+ends (with none decoding, nobody waits, and every prompt is prefilled whole): a 2,048-token prompt
 with a budget of 256 is prefilled over eight steps, and the requests already running
 decode one step between each two, instead of waiting for all of it. A request whose
 prompt is not yet all cached is not decoded; its first token comes with its last chunk.
