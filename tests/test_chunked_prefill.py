@@ -1,10 +1,8 @@
 """Chunked prefill (TensorRT-LLM's `enable_chunked_context`): which pieces of which
 prompts a step takes; that a prompt prefilled in pieces generates what it generates
 whole, for every method; that running requests decode between the pieces of a long
-prompt, and that with none decoding every prompt is prefilled whole; and that a request
-cancelled mid-prompt frees its slot and leaves nothing behind for the next one. The
-budget applies while some request decodes, so the tests keep one decoding beside the
-prompts they prefill in pieces (`_beside`)."""
+prompt, while short prompts arriving together are prefilled whole; and that a request
+cancelled mid-prompt frees its slot and leaves nothing behind for the next one."""
 from __future__ import annotations
 
 import random
@@ -17,39 +15,32 @@ from specdec.errors import ConfigError
 from specdec.prefill import prefill_chunks
 
 
-def test_a_step_takes_the_budget_oldest_first_each_from_where_its_cache_ends():
+def test_a_step_takes_a_piece_of_each_long_prompt_and_each_short_one_whole():
     rng = random.Random(0)
     for _ in range(500):
         pending = []
         for _ in range(rng.randint(0, 6)):
             prompt_len = rng.randint(1, 90)
             pending.append((rng.randint(0, prompt_len - 1), prompt_len))
-        budget = rng.choice([None, 1, 7, 64, 512])
-        chunks = prefill_chunks(pending, budget)
-        assert [c.index for c in chunks] == list(range(len(chunks)))  # oldest first, none skipped
-        remaining = [p - c for c, p in pending]
-        for c in chunks:
-            assert c.start == pending[c.index][0] and c.prompt_len == pending[c.index][1]
-            assert 1 <= c.length <= remaining[c.index]
-            assert c.last == (c.length == remaining[c.index])
-            assert c.whole == (c.start == 0 and c.last)
-        assert all(c.last for c in chunks[:-1])  # only the last one taken can be cut short
-        taken = sum(c.length for c in chunks)
-        if budget is None:
-            assert len(chunks) == len(pending) and taken == sum(remaining)
-        else:
-            assert taken == min(budget, sum(remaining))
+        piece = rng.choice([None, 1, 7, 64, 512])
+        chunks = prefill_chunks(pending, piece)
+        assert [c.index for c in chunks] == list(range(len(pending)))  # every request, oldest first
+        for c, (cached, prompt_len) in zip(chunks, pending):
+            assert (c.start, c.prompt_len) == (cached, prompt_len)
+            rest = prompt_len - cached
+            assert c.length == (rest if piece is None else min(rest, piece)) and c.length >= 1
+            assert c.last == (c.length == rest) and c.whole == (cached == 0 and c.last)
 
 
 def test_the_docstring_example():
     steps, pending = [], [(0, 5), (0, 12), (0, 3)]
+    names = [0, 1, 2]
     while pending:
         chunks = prefill_chunks(pending, 8)
-        steps.append([(c.index + 3 - len(pending), c.start, c.start + c.length) for c in chunks])
-        for c in chunks:
-            pending[c.index] = (c.start + c.length, c.prompt_len)
-        pending = [p for p in pending if p[0] < p[1]]
-    assert steps == [[(0, 0, 5), (1, 0, 3)], [(1, 3, 11)], [(1, 11, 12), (2, 0, 3)]]
+        steps.append([(names[c.index], c.start, c.start + c.length) for c in chunks])
+        kept = [(c.start + c.length, c.prompt_len, names[c.index]) for c in chunks if not c.last]
+        pending, names = [(a, b) for a, b, _ in kept], [n for _, _, n in kept]
+    assert steps == [[(0, 0, 5), (1, 0, 8), (2, 0, 3)], [(1, 8, 12)]]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +61,8 @@ def _collect(outs: dict, rid: str):
 
 
 def _beside(engine, reqs: list, outs: dict) -> int:
-    """Submits `reqs` while a plain request is decoding (so that the prefill budget
-    applies), steps until they are done and cancels it; returns the step count."""
+    """Submits `reqs` while a plain request is decoding, as served requests arrive,
+    steps until they are done and cancels it; returns the step count."""
     engine.submit(request([1, 2, 3], 400, "none", rid="beside"), _collect(outs, "beside"))
     engine.step()
     for r in reqs:
@@ -128,10 +119,10 @@ def test_running_requests_decode_between_the_pieces_of_a_long_prompt(prompts):
             assert [(s.context_tokens, s.generation_requests) for s in loads] == [(100, 2)]
 
 
-def test_a_budget_shared_by_several_prompts_matches_their_runs_alone(prompts):
+def test_prompts_arriving_together_match_their_runs_alone(prompts):
     """The module docstring's example of `prefill.py`: prompts of 5, 12 and 3 tokens
-    with a budget of 8, arriving while a request decodes, get their first tokens at
-    steps 1, 3 and 3; arriving at an idle engine, all at step 1."""
+    with pieces of 8 get their first tokens at steps 1, 2 and 1, whether a request is
+    decoding beside them or not, and generate what they generate alone."""
     engine = make_engine(prefill_chunk_tokens=8)
     reqs = [request(prompts[0][:n], 6, m, rid=f"r{n}") for n, m in [(5, "eagle2"), (12, "eagle3"), (3, "medusa")]]
     alone = {r.request_id: [t for o in run_outputs(engine, [r])[r.request_id] for t in o.token_ids] for r in reqs}
@@ -148,7 +139,7 @@ def test_a_budget_shared_by_several_prompts_matches_their_runs_alone(prompts):
             for r in reqs:
                 if outs[r.request_id] and r.request_id not in first:
                     first[r.request_id] = engine.iterations - start
-        assert first == ({"r5": 1, "r12": 3, "r3": 3} if busy else {"r5": 1, "r12": 1, "r3": 1})
+        assert first == {"r5": 1, "r12": 2, "r3": 1}
         assert {r.request_id: [t for o in outs[r.request_id] for t in o.token_ids] for r in reqs} == alone
         engine.cancel("beside")
         engine.step()

@@ -29,13 +29,13 @@ class EngineConfig:
     max_seq_len: int = 1024  # prompt + output tokens per request (KV positions per slot)
     max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
     max_queue_size: int = 64  # requests waiting for a slot before new ones are refused
-    # Chunked prefill (TensorRT-LLM's `enable_chunked_context`): a step prefills at most
-    # `prefill_chunk_tokens` prompt tokens over all admitted requests, oldest first, so a
-    # long prompt is prefilled over several steps while the running requests go on
-    # decoding between them (prefill.py). Off: every admitted prompt is prefilled whole in
-    # the step that admits it, and the running requests wait for all of it. 256: on the
-    # 2-core CPU the running requests' longest stall under a 1,536-token prompt was 0.7 s
-    # (4.1 s unchunked) and its first token no later (docs/benchmarks.md 2.6).
+    # Chunked prefill (TensorRT-LLM's `enable_chunked_context`): a prompt longer than
+    # `prefill_chunk_tokens` is prefilled one piece of that many tokens a step, so the
+    # running requests go on decoding between its pieces (prefill.py); shorter prompts
+    # are prefilled whole. Off: every admitted prompt is prefilled whole in the step that
+    # admits it, and the running requests wait for all of it. 256: on the 2-core CPU the
+    # running requests' longest stall under a 1,536-token prompt was 0.7 s (4.1 s
+    # unchunked) and its first token no later (docs/benchmarks.md 2.6).
     enable_chunked_context: bool = True
     prefill_chunk_tokens: int = 256
     # KV-cache budget (memory.py): slots = min(max_batch_size, the ones that fit).

@@ -2,9 +2,9 @@
 
 A step reads top to bottom:
 1. admit waiting requests into free KV slots and prefill their prompts: whole, several
-   per forward where their lengths allow, or with chunked prefill up to the step's
-   budget of prompt tokens, a long prompt over several steps (`prefill.py`; a request's
-   first token is emitted when its whole prompt is cached);
+   per forward where their lengths allow, and with chunked prefill a prompt longer than
+   the piece size one piece a step (`prefill.py`; a request's first token is emitted
+   when its whole prompt is cached);
 2. plan the tree of each running request whose prompt is cached (method, size: `policy.py`);
 3. drafters propose trees (one call per group of requests with equal settings), and
    EAGLE and Medusa trees take prompt lookup's branch (drafters/lookup.py);
@@ -347,8 +347,8 @@ class Engine:
 
     def step(self) -> None:
         """One iteration: admit newcomers, prefill (every admitted prompt, or with chunked
-        prefill the step's budget of them), then one decode/verify step of every request
-        whose prompt is cached."""
+        prefill the next piece of a long one), then one decode/verify step of every
+        request whose prompt is cached."""
         self._apply_cancellations()
         self._admit()
         chunks = self._prefill_pending()
@@ -391,18 +391,13 @@ class Engine:
 
     def _prefill_pending(self) -> list[PrefillChunk]:
         """Prefills this step's chunks of the admitted prompts (`prefill.py`): whole
-        prompts in groups that share a forward, a piece of a chunked one alone; returns
+        prompts in groups that share a forward, a piece of a longer one alone; returns
         the chunks."""
         pending = [s for s in self._running if s.prefilling]  # oldest first
         if not pending:
             return []
-        # The budget bounds what the requests already decoding wait for. With none decoding
-        # (a burst into an idle engine) nobody waits: every prompt is prefilled whole at
-        # once, and all start decoding together (32 requests at once on the 2-core CPU:
-        # 256-token budgets there cost 17 % of plain decoding's throughput, docs/benchmarks.md 2.6).
-        decoding = len(pending) < len(self._running)
-        budget = self.config.prefill_chunk_tokens if self.config.enable_chunked_context and decoding else None
-        chunks = prefill_chunks([(s.cached_len, s.prompt_len) for s in pending], budget)
+        piece = self.config.prefill_chunk_tokens if self.config.enable_chunked_context else None
+        chunks = prefill_chunks([(s.cached_len, s.prompt_len) for s in pending], piece)
         whole = [c for c in chunks if c.whole]
         forwards = [[whole[i] for i in group] for group in prefill_groups([c.length for c in whole])]
         forwards += [[c] for c in chunks if not c.whole]

@@ -1,12 +1,15 @@
 """Prefill: how much of which admitted prompts a step prefills, and in which forwards.
 
 Chunks (`prefill_chunks`). With chunked prefill on (TensorRT-LLM's
-`enable_chunked_context`) and requests decoding, a step prefills at most a budget of
-prompt tokens, taking the admitted requests oldest first, each from where its cache
-ends (with none decoding, nobody waits, and every prompt is prefilled whole): a 2,048-token prompt
-with a budget of 256 is prefilled over eight steps, and the requests already running
-decode one step between each two, instead of waiting for all of it. A request whose
-prompt is not yet all cached is not decoded; its first token comes with its last chunk.
+`enable_chunked_context`), a prompt longer than the piece size is prefilled one piece
+a step, from where its cache ends: a 2,048-token prompt with pieces of 256 is
+prefilled over eight steps, and the requests already running decode one step between
+each two of its pieces instead of waiting for all of it. Shorter prompts are prefilled
+whole in the step that admits them, as many as arrive: a burst of short prompts is
+prefilled together and starts decoding together (a budget over all of them made 32
+requests arriving at once 1.2x slower on the 2-core CPU, docs/benchmarks.md 2.6). A
+request whose prompt is not yet all cached is not decoded; its first token comes with
+its last piece.
 
 Groups (`prefill_groups`). Whole prompts prefilled in one step share one target
 forward where their lengths allow: prompts of one forward are padded to the longest, so
@@ -17,10 +20,10 @@ chunked prompt, is prefilled alone. On a GPU a prefill of a short prompt is
 launch-bound, so requests that arrive together get their first token about as fast as
 one alone.
 
-    budget 8, prompts of 5, 12 and 3 tokens, nothing cached:
-      step 1: [0, 5) of the first (whole: its first token), [0, 3) of the second
-      step 2: [3, 11) of the second
-      step 3: [11, 12) of the second (its first token), [0, 3) of the third (whole)
+    pieces of 8, prompts of 5, 12 and 3 tokens, nothing cached:
+      step 1: [0, 5) of the first and [0, 3) of the third (whole: their first tokens,
+              one forward), [0, 8) of the second (alone)
+      step 2: [8, 12) of the second (its first token)
 """
 from __future__ import annotations
 
@@ -73,18 +76,11 @@ class PrefillChunk:
         return self.start + self.length == self.prompt_len
 
 
-def prefill_chunks(pending: list[tuple[int, int]], budget: Optional[int]) -> list[PrefillChunk]:
-    """The chunks one step prefills. `pending` holds `(cached, prompt_len)` of each
-    admitted request whose prompt is not all cached, oldest first; each takes its next
-    piece in order until `budget` tokens are taken (None: no budget, every prompt whole).
-    Every returned chunk has `length >= 1`; with a budget their lengths sum to at most it."""
-    chunks: list[PrefillChunk] = []
-    left = budget
-    for i, (cached, prompt_len) in enumerate(pending):
-        length = prompt_len - cached if left is None else min(prompt_len - cached, left)
-        if length < 1:
-            break
-        chunks.append(PrefillChunk(i, cached, length, prompt_len))
-        if left is not None:
-            left -= length
-    return chunks
+def prefill_chunks(pending: list[tuple[int, int]], piece: Optional[int]) -> list[PrefillChunk]:
+    """The chunks one step prefills, one per request. `pending` holds `(cached,
+    prompt_len)` of each admitted request whose prompt is not all cached, oldest first;
+    each takes the rest of its prompt, or `piece` tokens of it where the rest is longer
+    (None: every prompt whole)."""
+    return [PrefillChunk(i, cached, prompt_len - cached if piece is None else min(prompt_len - cached, piece),
+                         prompt_len)
+            for i, (cached, prompt_len) in enumerate(pending)]
