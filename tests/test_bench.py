@@ -292,7 +292,7 @@ def test_bench_chunked_prefill_runs_each_setting_in_turns(tmp_path):
     report = tmp_path / "chunked.md"
     bench_chunked_prefill.main(["--family", str(FAMILY), "--running", "2", "--running-output", "80",
                                 "--long-tokens", "48", "--long-output", "2", "--warm-steps", "2",
-                                "--budgets", "8,16", "--repeats", "1", "--report-md", str(report)])
+                                "--piece-sizes", "8,16", "--repeats", "1", "--report-md", str(report)])
     rows = [line.split(" | ") for line in report.read_text().splitlines() if line.startswith("| o")]
     assert [r[0] for r in rows] == ["| off", "| on, 8 tokens", "| on, 16 tokens"]
     assert float(rows[0][3]) == 0.0 and float(rows[1][3]) > 0

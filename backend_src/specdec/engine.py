@@ -404,20 +404,20 @@ class Engine:
         for forward in forwards:
             states = [pending[c.index] for c in forward]
             try:
-                self._prefill(states, [c.length for c in forward])
+                self._prefill(states, forward)
             except Exception as e:
                 for state in states:
                     self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
         return chunks
 
-    def _prefill(self, states: list[RequestState], lengths: list[int]) -> None:
-        """One target forward over the next `lengths[b]` prompt tokens of each request
-        (after its `cached_len` cached ones), padded to the longest (the padding's KV
-        entries land past each piece, where the next piece or step overwrites them); a
-        request whose piece ends its prompt gets its first token from the piece's last
-        position. Only whole prompts share a forward, so padded rows all start at 0."""
+    def _prefill(self, states: list[RequestState], chunks: list[PrefillChunk]) -> None:
+        """One target forward over each request's chunk of prompt (after its `cached_len`
+        cached tokens), padded to the longest (the padding's KV entries land past each
+        piece, where the next piece or step overwrites them); a request whose chunk ends
+        its prompt gets its first token from the chunk's last position. Only whole
+        prompts share a forward, so padded rows all start at 0."""
         dev = self.device
-        B, starts = len(states), [s.cached_len for s in states]
+        B, starts, lengths = len(states), [c.start for c in chunks], [c.length for c in chunks]
         L = max(lengths)
         pieces = [s.tokens[a: a + n] + [0] * (L - n) for s, a, n in zip(states, starts, lengths)]
         ids = to_device(pieces, dev)  # [B, L]
@@ -425,8 +425,8 @@ class Engine:
         aux_layers = self.aux_layers if any(d is not None and d.needs_aux for d in drafters) else ()
         host_slots = [s.slot for s in states]
         # First tokens are due from every row (whole prompts) or none (a piece alone that does not end its prompt).
-        ending = [b for b, s in enumerate(states) if starts[b] + lengths[b] == s.prompt_len]
-        assert len(ending) in (0, B), (starts, lengths)
+        ends_prompts = chunks[0].last
+        assert all(c.last == ends_prompts for c in chunks), chunks
         # [3, B]: slots, cached lengths, the pieces' last positions
         meta = to_device([host_slots, starts, [n - 1 for n in lengths]], dev)
         batch = AttentionBatch.build(meta[0], meta[1], causal_mask(B, L, dev), host_slots=host_slots,
@@ -445,7 +445,7 @@ class Engine:
                                              starts[b])
                       for b, s in enumerate(states) if s.req.return_prompt_log_probs}
             host, K = [], 0
-            if ending:
+            if ends_prompts:
                 last = hidden[torch.arange(B, device=dev), meta[2]]  # [B, H]
                 logits = self.target.logits(last[:, None])  # [B, 1, V]
                 firsts = [self._first_token(s, logits[b: b + 1]) for b, s in enumerate(states)]
@@ -479,13 +479,13 @@ class Engine:
         if k:
             state.prompt_scores["prompt_top_log_probs"] += [top_pairs(r[1:], k, k) for r in rows]
 
-    def _prompt_scores(self, state: RequestState, hidden: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """hidden [P, H] at prompt positions start..start+P-1 -> [P, 1 + 2k] float64 on
+    def _prompt_scores(self, state: RequestState, hidden: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """hidden [P, H] at prompt positions offset..offset+P-1 -> [P, 1 + 2k] float64 on
         the device: the log-prob of the prompt token that follows each position under the
         target's own distribution (no sampling settings apply to a prompt), then the k
         most likely ids and their log-probs (k = top_log_probs). The LM head runs over
         `SCORE_CHUNK` positions at a time, so a long prompt never holds [L, V] logits."""
-        following = to_device(state.tokens[start + 1: start + hidden.shape[0] + 1], self.device, torch.long)
+        following = to_device(state.tokens[offset + 1: offset + hidden.shape[0] + 1], self.device, torch.long)
         k = state.req.top_log_probs
         chunks = []
         for start in range(0, hidden.shape[0], SCORE_CHUNK):
@@ -790,9 +790,9 @@ class Engine:
         drafter = self.drafters.get(state.settings.method)
         if drafter is not None and state.draft is not None:
             drafter.release(state)
-        if state.prefilling:  # ended before its prompt was all scored (cancelled)
-            state.prompt_scores = None
-        prompt, state.prompt_scores = state.prompt_scores or {}, None
+        # (a request ended before its prompt was all scored, cancelled, sends none of the scores)
+        prompt = {} if state.prefilling else state.prompt_scores or {}
+        state.prompt_scores = None
         state.emit(StepOutput(state.req.request_id, tokens, log_probs or [], True, reason, error, state.stats,
                               state.scheduled_ns, top_log_probs=top_log_probs or [], **prompt))
 

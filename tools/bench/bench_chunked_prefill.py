@@ -8,7 +8,7 @@ One engine on the shipped family (float32), stepped by hand in this process. Per
 after `--warm-steps` steps a request arrives whose prompt is `--long-tokens` tokens
 (HumanEval questions joined, in the chat template) and asks for `--long-output` tokens.
 The round ends when the long request has finished. Each setting (chunked prefill off;
-on with each of `--budgets`) runs once per repeat, in turns, on the same engine (only
+on with each of `--piece-sizes`) runs once per repeat, in turns, on the same engine (only
 its config's two prefill parameters change between rounds), so the weights, caches and
 the machine's state are shared.
 
@@ -54,13 +54,13 @@ class Round:
     tokens: dict  # request id -> tokens
 
 
-def _setting_name(budget) -> str:
-    return "off" if budget is None else f"on, {budget} tokens"
+def _setting_name(piece) -> str:
+    return "off" if piece is None else f"on, {piece} tokens"
 
 
-def run_round(engine: Engine, args, running_prompts: list[list[int]], long_prompt: list[int], budget) -> Round:
-    engine.config = dataclasses.replace(engine.config, enable_chunked_context=budget is not None,
-                                        prefill_chunk_tokens=budget or engine.config.prefill_chunk_tokens)
+def run_round(engine: Engine, args, running_prompts: list[list[int]], long_prompt: list[int], piece) -> Round:
+    engine.config = dataclasses.replace(engine.config, enable_chunked_context=piece is not None,
+                                        prefill_chunk_tokens=piece or engine.config.prefill_chunk_tokens)
     times: dict[str, list[tuple[float, int]]] = {}  # request id -> (when, tokens) of each output
     tokens: dict[str, list[int]] = {}
     done: set[str] = set()
@@ -103,7 +103,7 @@ def run_round(engine: Engine, args, running_prompts: list[list[int]], long_promp
     all_tokens = sum(n for outputs in times.values() for t, n in outputs if arrival <= t <= end)
     while engine.num_active:
         engine.step()
-    return Round(_setting_name(budget), first - arrival, max(gaps), window_tokens / (first - arrival),
+    return Round(_setting_name(piece), first - arrival, max(gaps), window_tokens / (first - arrival),
                  all_tokens / (end - arrival), tokens)
 
 
@@ -116,7 +116,8 @@ def main(argv=None) -> None:
     p.add_argument("--long-tokens", type=int, default=1536)
     p.add_argument("--long-output", type=int, default=8)
     p.add_argument("--warm-steps", type=int, default=8)
-    p.add_argument("--budgets", default="128,256,512", help="chunked prefill's budgets, comma separated")
+    p.add_argument("--piece-sizes", default="128,256,512",
+                   help="chunked prefill's prefill_chunk_tokens, comma separated")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--report-md", type=Path)
     p.add_argument("--report-json", type=Path)
@@ -136,11 +137,11 @@ def main(argv=None) -> None:
                           max_seq_len=max([args.long_tokens + args.long_output]
                                           + [len(q) + args.running_output for q in running_prompts]) + 16)
     engine = Engine(config)
-    settings = [None] + [int(b) for b in args.budgets.split(",")]
+    settings = [None] + [int(n) for n in args.piece_sizes.split(",")]
     rounds: list[Round] = []
     for repeat in range(args.repeats):
-        for budget in settings:
-            r = run_round(engine, args, running_prompts, long_prompt, budget)
+        for piece in settings:
+            r = run_round(engine, args, running_prompts, long_prompt, piece)
             if rounds and r.tokens != rounds[0].tokens:
                 raise SystemExit(f"{r.setting}: the tokens differ from {rounds[0].setting}'s (greedy)")
             rounds.append(r)
