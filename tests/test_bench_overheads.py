@@ -42,3 +42,45 @@ def test_sampling_compares_two_ways_that_keep_the_same_tokens(tmp_path, capsys):
     assert "catch_up" not in r and "sampling 16x16, top_p 0.95" in capsys.readouterr().out
     assert len(rows) == 9 and all(row["ranked_ms"] > 0 and row["everything_ms"] > 0 for row in rows.values())
     assert all(row["max_abs_diff"] < 1e-6 for row in rows.values())
+
+
+def test_level_steps_every_method_and_puts_the_engine_back(tmp_path):
+    from specdec import engine as engine_module, policy as policy_module
+
+    originals = (engine_module.Engine.step, engine_module.Engine._verify, engine_module.Engine._prefill_pending,
+                 policy_module.SpeculationPolicy.plan)
+    out = tmp_path / "level.json"
+    assert bench_overheads.main(["--family", str(FAMILY), "--measure", "level", "--batch", "3", "--repeats", "2",
+                                 "--level-tokens", "3-6", "--report-json", str(out)]) == 0
+    level = json.loads(out.read_text())["level"]
+    assert level["batch"] == 3 and set(level["methods"]) == {"none", "eagle2", "eagle3"}
+    lengths = bench_overheads.request_lengths(3, 6, 3)
+    assert level["output_tokens"] == sum(lengths)
+    for method, row in level["methods"].items():
+        assert len(row["per_repeat"]) == 2 and row["wall_ms"] > 0
+        assert row["decode_steps"] <= max(lengths) - 1  # the prefill emits each first token
+        assert set(row["phases_ms"]) == {"prefill", "plan", "draft", "verify", "other"}
+        assert row["phases_ms"]["prefill"] > 0 and row["phases_ms"]["verify"] > 0
+    assert level["methods"]["none"]["decode_steps"] == max(lengths) - 1
+    assert level["methods"]["none"]["tree_steps"] == 0 and level["methods"]["none"]["phases_ms"]["draft"] == 0
+    assert level["methods"]["none"]["wall_vs_plain"] == 1.0
+    assert (engine_module.Engine.step, engine_module.Engine._verify, engine_module.Engine._prefill_pending,
+            policy_module.SpeculationPolicy.plan) == originals
+    assert gc.get_freeze_count() == 0
+
+
+def test_level_prices_tree_steps_at_plain_decodings_cost_for_their_batch():
+    step = lambda B, N, accepted, verify_ms, step_ms: [B, N, accepted, verify_ms / 1e3, step_ms / 1e3]  # noqa: E731
+    phases = {"prefill": 1.0, "plan": 0.0, "draft": 0.0, "verify": 1.0, "other": 0.0}
+    runs = {"none": [dict(wall_ms=100.0, phases_ms=phases, steps=[step(2, 1, 0, 10, 20), step(2, 1, 0, 12, 22),
+                                                                   step(1, 1, 0, 8, 16)])],
+            "eagle2": [dict(wall_ms=90.0, phases_ms=phases, steps=[step(2, 4, 3, 17, 30), step(1, 3, 1, 9, 18),
+                                                                    step(1, 1, 0, 8, 16), step(5, 4, 9, 50, 60)])]}
+    out = bench_overheads._level_summary(runs, batch=2, lengths=[4, 3])
+    eagle2 = out["methods"]["eagle2"]
+    # tree steps at batches 2 and 1 (batch 5 was never decoded plainly: not priced)
+    assert eagle2["tree_steps"] == 2 and eagle2["per_repeat"][0]["tree_batches"] == [(1, 1), (2, 1)]
+    assert abs(eagle2["tree_extra_verify_ms"] - ((17 - 11) + (9 - 8))) < 1e-9  # above plain's median verify
+    assert abs(eagle2["tree_saved_ms"] - (3 * 21 / 2 + 1 * 16 / 1)) < 1e-9  # a B-th of plain's step per draft
+    assert eagle2["accepted"] == 13 and eagle2["decode_steps"] == 4 and abs(eagle2["wall_vs_plain"] - 0.9) < 1e-12
+    assert out["plain_step_ms_by_batch"] == {1: 16.0, 2: 21.0}

@@ -2,8 +2,9 @@
 """Small costs of the engine that a throughput run cannot resolve, measured in place.
 
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --report-json docs/bench/overheads.json
+    OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --measure level --batch 32 --report-json level.json
 
-Three measurements on the shipped family (float32), each side by side in one process
+Four measurements on the shipped family (float32), each side by side in one process
 (`--measure` picks some):
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
   the full forward against the output at the last position only (`queries`), median of
@@ -21,6 +22,19 @@ Three measurements on the shipped family (float32), each side by side in one pro
   (the CPU's way) against the whole vocabulary ranked (a GPU's way, and the engine's
   before), median of `--sampling-iters` calls each, the share of rows whose nucleus
   reached past the candidates, and the two results compared.
+
+- level: one level of the concurrency benchmark stepped in place: `--batch` requests (the
+  first turns of `--level-set`, chat template) submitted together, request i generating
+  its seeded `--level-tokens` length (bench_concurrency.py's lengths), the engine stepped
+  until all have finished, once per method of `--level-methods` (`none`: plain decoding;
+  the others adaptive), taking turns `--repeats` times. Per method: the wall time and
+  its phases (prefill, planning, drafting, verify; each step's remainder is "other"),
+  steps, steps that verified a tree (drafted or a copy) and their drafted and accepted
+  tokens; and, for those steps, what their verify forwards cost above plain decoding's
+  at the same batch size (the median plain verify of that batch, from the plain runs),
+  against the target forwards their accepted tokens saved (their accepted drafts times
+  the plain step's median time at that batch). Where adaptive speculation loses under
+  load, this says in which phase.
 
 Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
@@ -44,6 +58,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import torch  # noqa: E402
 
 from bench import encode_question, machine_info  # noqa: E402
+from bench_concurrency import output_lengths, request_lengths  # noqa: E402
 from dataset_converter import first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 from specdec import engine as engine_module, policy as policy_module, sampling as sampling_module  # noqa: E402
@@ -53,6 +68,20 @@ from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.layers import causal_mask  # noqa: E402
 from specdec.request import GenerationRequest, SpecParams  # noqa: E402
 from specdec.drafters import eagle as eagle_module  # noqa: E402
+
+
+def _timed(spent: dict, cls, name: str, key: str):
+    """Wraps cls.name so that its calls add their wall time to spent[key]; returns the original."""
+    original = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - t0
+    setattr(cls, name, wrapper)
+    return original
 
 
 def _engine(family: Path, batch: int) -> Engine:
@@ -102,21 +131,9 @@ def off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int
 
 def _off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: int, methods: tuple[str, ...]) -> dict:
     spent: dict[str, float] = collections.defaultdict(float)
-
-    def timed(cls, name: str, key: str) -> None:
-        original = getattr(cls, name)
-
-        def wrapper(self, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                spent[key] += time.perf_counter() - t0
-        setattr(cls, name, wrapper)
-
-    timed(policy_module.SpeculationPolicy, "plan", "plan")
-    timed(eagle_module.EagleDrafter, "commit", "commit")
-    timed(engine_module.Engine, "step", "step")
+    _timed(spent, policy_module.SpeculationPolicy, "plan", "plan")
+    _timed(spent, eagle_module.EagleDrafter, "commit", "commit")
+    _timed(spent, engine_module.Engine, "step", "step")
     cost = engine.policy.cost
     for (B, N), seconds in list(cost.verify.items()):  # no tree ever pays: adaptive requests stay plain
         if N > 1:
@@ -145,6 +162,97 @@ def _off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: in
     summary["overhead"] = overheads[methods[0]]  # (the key of reports written before --off-methods)
     return dict(batch=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=per_step, median_ms=summary,
                 overheads=overheads)
+
+
+LEVEL_PHASES = (("prefill", engine_module.Engine, "_prefill_pending"),
+                ("plan", policy_module.SpeculationPolicy, "plan"),
+                ("draft", eagle_module.EagleDrafter, "propose"),
+                ("verify", engine_module.Engine, "_verify"),
+                ("step", engine_module.Engine, "step"))
+
+
+def level(engine: Engine, prompts: list[list[int]], lengths: list[int], repeats: int, methods: tuple[str, ...]) -> dict:
+    engine_module.freeze_loaded_objects()
+    spent: dict[str, float] = collections.defaultdict(float)
+    originals = [(cls, name, _timed(spent, cls, name, key)) for key, cls, name in LEVEL_PHASES]
+    steps: list[list] = []  # this run's decode steps: [batch, tree nodes, accepted drafts, verify s, step s]
+    verify, step = engine_module.Engine._verify, engine_module.Engine.step
+
+    def verify_noted(self, states, settings, trees):
+        t0 = time.perf_counter()
+        verify(self, states, settings, trees)
+        steps.append([len(states), max(t.num_nodes for t in trees), 0, time.perf_counter() - t0, 0.0])
+
+    def step_noted(self):
+        t0, before, accepted = time.perf_counter(), len(steps), sum(self.metrics.accepted_tokens.values())
+        step(self)
+        if len(steps) > before:
+            steps[-1][2] = sum(self.metrics.accepted_tokens.values()) - accepted
+            steps[-1][4] = time.perf_counter() - t0
+    engine_module.Engine._verify, engine_module.Engine.step = verify_noted, step_noted
+    try:
+        runs = _level_runs(engine, prompts, lengths, repeats, methods, spent, steps)
+    finally:  # (step and _verify are among the phases: this puts back the engine's own)
+        for cls, name, original in originals:
+            setattr(cls, name, original)
+        gc.unfreeze()
+    return _level_summary(runs, len(prompts), lengths)
+
+
+def _level_runs(engine: Engine, prompts, lengths, repeats, methods, spent, steps) -> dict:
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    for r in range(-1, repeats):  # round -1: untimed, every method once
+        for method in methods[r % len(methods):] + methods[: r % len(methods)]:
+            for i, (ids, n) in enumerate(zip(prompts, lengths)):
+                req = GenerationRequest(f"level-{method}-{r}-{i}", ids, n, spec=SpecParams(method=method))
+                engine.submit(req, lambda o: None)
+            spent.clear()
+            steps.clear()
+            t0 = time.perf_counter()
+            while engine._waiting or engine._running:
+                engine.step()
+            wall = time.perf_counter() - t0
+            phases = {k: 1e3 * v for k, v in spent.items()}
+            phases["other"] = phases.pop("step") - sum(phases.values())
+            if r >= 0:
+                runs[method].append(dict(wall_ms=1e3 * wall, phases_ms=phases, steps=[list(s) for s in steps]))
+    return runs
+
+
+def _level_summary(runs: dict, batch: int, lengths: list[int]) -> dict:
+    """Medians over the repeats per method. A tree step (any request verified drafts) is
+    priced against plain decoding's median verify and step at its batch size (from
+    every plain run): its verify time above plain's, against the plain step time its
+    accepted drafts saved (a batch of B plain steps emits B tokens a step, so each
+    accepted draft saves a B-th of a step)."""
+    plain_verify, plain_step = collections.defaultdict(list), collections.defaultdict(list)
+    for run in runs.get("none", []):
+        for B, N, accepted, verify_s, step_s in run["steps"]:
+            plain_verify[B].append(verify_s)
+            plain_step[B].append(step_s)
+    verify_at = {B: statistics.median(v) for B, v in plain_verify.items()}
+    step_at = {B: statistics.median(v) for B, v in plain_step.items()}
+    out = dict(batch=batch, output_tokens=sum(lengths), methods={},
+               plain_step_ms_by_batch={B: round(1e3 * v, 2) for B, v in sorted(step_at.items())})
+    for method, rows in runs.items():
+        for run in rows:
+            trees = [s for s in run["steps"] if s[1] > 1 and s[0] in verify_at]
+            run.update(decode_steps=len(run["steps"]), tree_steps=len(trees),
+                       tree_batches=sorted(collections.Counter(s[0] for s in trees).items()),
+                       accepted=sum(s[2] for s in run["steps"]),
+                       tree_extra_verify_ms=1e3 * sum(s[3] - verify_at[s[0]] for s in trees),
+                       tree_saved_ms=1e3 * sum(s[2] * step_at[s[0]] / s[0] for s in trees))
+            del run["steps"]
+        medians = {k: statistics.median(run[k] for run in rows)
+                   for k in ("wall_ms", "decode_steps", "tree_steps", "accepted", "tree_extra_verify_ms",
+                             "tree_saved_ms")}
+        medians["phases_ms"] = {k: statistics.median(run["phases_ms"].get(k, 0.0) for run in rows)
+                                for k in ("prefill", "plan", "draft", "verify", "other")}
+        out["methods"][method] = dict(**medians, per_repeat=rows)
+    if "none" in out["methods"]:
+        for row in out["methods"].values():
+            row["wall_vs_plain"] = row["wall_ms"] / out["methods"]["none"]["wall_ms"]
+    return out
 
 
 SAMPLING_SHAPES = ((1, 3), (1, 16), (16, 16))  # (requests, tree nodes) per probabilities() call
@@ -205,14 +313,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=40, help="timed steps per repeat (default 40)")
     p.add_argument("--repeats", type=int, default=5, help="plain/adaptive alternations (default 5)")
     p.add_argument("--off-methods", default="eagle2", help="off-state: adaptive methods against plain (eagle2,eagle3)")
+    p.add_argument("--level-set", default="mt_bench", help="level: the question set (default mt_bench)")
+    p.add_argument("--level-tokens", default="16-48", help="level: output tokens, N or LO-HI (default 16-48)")
+    p.add_argument("--level-methods", default="none,eagle2,eagle3", help="level: methods in turns (default "
+                   "none,eagle2,eagle3; none is plain decoding and prices the others' tree steps)")
     p.add_argument("--sampling-iters", type=int, default=10, help="probabilities() calls per variant (default 10)")
     p.add_argument("--measure", default="catch-up,off-state,sampling",
-                   help="comma-separated: catch-up, off-state, sampling (default all three)")
+                   help="comma-separated: catch-up, off-state, sampling, level (default the first three)")
     p.add_argument("--report-json", type=Path, default=None)
     args = p.parse_args(argv)
     measure = set(args.measure.split(","))
-    if not measure <= {"catch-up", "off-state", "sampling"}:
-        p.error(f"--measure: unknown {', '.join(sorted(measure - {'catch-up', 'off-state', 'sampling'}))}")
+    known = {"catch-up", "off-state", "sampling", "level"}
+    if not measure <= known:
+        p.error(f"--measure: unknown {', '.join(sorted(measure - known))}")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.family / "base"), local_files_only=True)
@@ -237,6 +350,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"every tree off {m[method]['step']:.2f} ms/step "
                   f"({100 * report['off_state']['overheads'][method]:+.1f} %); planning "
                   f"{m[method]['plan']:.3f} ms, EAGLE commit {m[method]['commit']:.3f} ms")
+    if "level" in measure:
+        lo, hi = output_lengths(args.level_tokens)
+        asked = first_turns(read_question_set(question_set_path(args.level_set)))
+        level_prompts = [encode_question(tokenizer, asked[i % len(asked)], "auto")[:384] for i in range(args.batch)]
+        methods = tuple(args.level_methods.split(","))
+        report["level"] = level(engine, level_prompts, request_lengths(lo, hi, args.batch), args.repeats, methods)
+        for method, row in report["level"]["methods"].items():
+            ph = row["phases_ms"]
+            print(f"level {method}, {args.batch} requests: {row['wall_ms']:.0f} ms "
+                  f"({row.get('wall_vs_plain', 1.0):.3f} of plain); prefill {ph['prefill']:.0f}, "
+                  f"plan {ph['plan']:.0f}, draft {ph['draft']:.0f}, verify {ph['verify']:.0f}, "
+                  f"other {ph['other']:.0f} ms; "
+                  f"{row['decode_steps']} steps, {row['tree_steps']} with a tree, {row['accepted']} accepted; "
+                  f"tree steps' verify above plain {row['tree_extra_verify_ms']:.0f} ms, "
+                  f"their accepted drafts saved {row['tree_saved_ms']:.0f} ms")
     if "sampling" in measure:
         chat = first_turns(read_question_set(question_set_path("mt_bench")))
         pool = [encode_question(tokenizer, t, "auto")[:200] for pair in zip(texts, chat) for t in pair]
