@@ -84,3 +84,17 @@ def test_level_prices_tree_steps_at_plain_decodings_cost_for_their_batch():
     assert abs(eagle2["tree_saved_ms"] - (3 * 21 / 2 + 1 * 16 / 1)) < 1e-9  # a B-th of plain's step per draft
     assert eagle2["accepted"] == 13 and eagle2["decode_steps"] == 4 and abs(eagle2["wall_vs_plain"] - 0.9) < 1e-12
     assert out["plain_step_ms_by_batch"] == {1: 16.0, 2: 21.0}
+
+
+def test_single_query_times_both_attentions_and_leaves_grouping_on(tmp_path):
+    from specdec.models import layers
+
+    out = tmp_path / "single.json"
+    assert bench_overheads.main(["--family", str(FAMILY), "--measure", "single-query", "--batch", "3", "--steps", "2",
+                                 "--repeats", "2", "--report-json", str(out)]) == 0
+    rows = json.loads(out.read_text())["single_query"]
+    assert set(rows) == {"1", "3"}
+    for row in rows.values():
+        assert [len(row["per_repeat_ms"][k]) for k in ("grouped", "enable_gqa")] == [2, 2]
+        assert row["median_ms"]["grouped"] > 0 and row["median_ms"]["enable_gqa"] > 0
+    assert layers.GROUP_SINGLE_QUERIES and gc.get_freeze_count() == 0

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --report-json docs/bench/overheads.json
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --measure level --batch 32 --report-json level.json
 
-Four measurements on the shipped family (float32), each side by side in one process
+Five measurements on the shipped family (float32), each side by side in one process
 (`--measure` picks some):
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
   the full forward against the output at the last position only (`queries`), median of
@@ -35,6 +35,11 @@ Four measurements on the shipped family (float32), each side by side in one proc
   against the target forwards their accepted tokens saved (their accepted drafts times
   the plain step's median time at that batch). Where adaptive speculation loses under
   load, this says in which phase.
+
+- single-query: plain decode steps (one query per request) of 1, 8 and `--batch` requests
+  (HumanEval prompts), the CPU's grouped single-query attention
+  (`layers.single_query_attention`) on and off in turns, `--steps` steps each time,
+  `--repeats` times: median ms per step.
 
 Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
@@ -68,6 +73,7 @@ from specdec.kv_cache import AttentionBatch  # noqa: E402
 from specdec.models.layers import causal_mask  # noqa: E402
 from specdec.request import GenerationRequest, SpecParams  # noqa: E402
 from specdec.drafters import eagle as eagle_module  # noqa: E402
+from specdec.models import layers as layers_module  # noqa: E402
 
 
 def _timed(spent: dict, cls, name: str, key: str):
@@ -162,6 +168,37 @@ def _off_state(engine: Engine, prompts: list[list[int]], steps: int, repeats: in
     summary["overhead"] = overheads[methods[0]]  # (the key of reports written before --off-methods)
     return dict(batch=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=per_step, median_ms=summary,
                 overheads=overheads)
+
+
+def single_query(engine: Engine, prompts: list[list[int]], batches: list[int], steps: int, repeats: int) -> dict:
+    engine_module.freeze_loaded_objects()
+    try:
+        return {B: _single_query_steps(engine, prompts[:B], steps, repeats) for B in batches}
+    finally:
+        layers_module.GROUP_SINGLE_QUERIES = True
+        gc.unfreeze()
+
+
+def _single_query_steps(engine: Engine, prompts: list[list[int]], steps: int, repeats: int) -> dict:
+    for i, ids in enumerate(prompts):
+        req = GenerationRequest(f"single-query-{len(prompts)}-{i}", ids, 2 * steps * repeats + 8,
+                                spec=SpecParams(method="none"))
+        engine.submit(req, lambda o: None)
+    for _ in range(3):  # admission and prefill
+        engine.step()
+    times: dict[str, list[float]] = {"grouped": [], "enable_gqa": []}
+    for r in range(repeats):
+        for name in (("grouped", "enable_gqa") if r % 2 == 0 else ("enable_gqa", "grouped")):
+            layers_module.GROUP_SINGLE_QUERIES = name == "grouped"
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            times[name].append(1e3 * (time.perf_counter() - t0) / steps)
+    for state in list(engine._running):
+        engine._finish(state, [], "cancelled")
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return dict(requests=len(prompts), steps=steps, repeats=repeats, per_repeat_ms=times, median_ms=med,
+                grouped_vs_enable_gqa=med["grouped"] / med["enable_gqa"])
 
 
 LEVEL_PHASES = (("prefill", engine_module.Engine, "_prefill_pending"),
@@ -319,11 +356,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                    "none,eagle2,eagle3; none is plain decoding and prices the others' tree steps)")
     p.add_argument("--sampling-iters", type=int, default=10, help="probabilities() calls per variant (default 10)")
     p.add_argument("--measure", default="catch-up,off-state,sampling",
-                   help="comma-separated: catch-up, off-state, sampling, level (default the first three)")
+                   help="comma-separated: catch-up, off-state, sampling, level, single-query "
+                        "(default the first three)")
     p.add_argument("--report-json", type=Path, default=None)
     args = p.parse_args(argv)
     measure = set(args.measure.split(","))
-    known = {"catch-up", "off-state", "sampling", "level"}
+    known = {"catch-up", "off-state", "sampling", "level", "single-query"}
     if not measure <= known:
         p.error(f"--measure: unknown {', '.join(sorted(measure - known))}")
     from transformers import AutoTokenizer
@@ -350,6 +388,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"every tree off {m[method]['step']:.2f} ms/step "
                   f"({100 * report['off_state']['overheads'][method]:+.1f} %); planning "
                   f"{m[method]['plan']:.3f} ms, EAGLE commit {m[method]['commit']:.3f} ms")
+    if "single-query" in measure:
+        batches = sorted({1, min(8, args.batch), args.batch})
+        report["single_query"] = single_query(engine, prompts, batches, args.steps, args.repeats)
+        for B, row in report["single_query"].items():
+            m = row["median_ms"]
+            print(f"single-query attention, {B} requests: grouped {m['grouped']:.2f} ms/step, enable_gqa "
+                  f"{m['enable_gqa']:.2f} ms/step ({row['grouped_vs_enable_gqa']:.3f})")
     if "level" in measure:
         lo, hi = output_lengths(args.level_tokens)
         asked = first_turns(read_question_set(question_set_path(args.level_set)))

@@ -173,8 +173,40 @@ class Attention(nn.Module):
             cache.write(layer, batch, k, v)
             k, v = cache.read(layer, batch)
             k, v = k.to(q.dtype), v.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        if Tq == 1 and self.n_kv != self.n_heads and q.device.type == "cpu" and GROUP_SINGLE_QUERIES:
+            out = single_query_attention(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))
+
+
+# One query per row (a plain decode step, a drafter's last-position output) on the CPU:
+# the query heads that share a KV head go to `scaled_dot_product_attention` as that KV
+# head's rows, so each key is read once per KV head instead of once per query head, and
+# the CPU kernel gets several query rows instead of one, where it is slowest (2-core
+# Xeon, SmolLM2's 9 query and 3 KV heads, 150 keys, float32, per layer: 0.69 against
+# 0.41 ms for 32 requests, 0.042 against 0.027 ms for one; ad hoc timing, not kept:
+# `bench_overheads.py --measure single-query` times whole decode steps both ways).
+# GPUs keep the kernels' own grouped-query attention (`enable_gqa`).
+GROUP_SINGLE_QUERIES = True
+
+
+def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention of one query per row: q [B, H, 1, D]; k, v [B, H_kv, S, D]
+    with H a multiple of H_kv (query head h reads KV head h // (H / H_kv), as
+    `enable_gqa` pairs them); mask [B or 1, 1, 1, S] bool, or None. Returns [B, H, 1, D].
+
+        H 4, H_kv 2: query heads 0, 1 -> rows 0, 1 of KV head 0; heads 2, 3 -> KV head 1
+    """
+    B, H, _, D = q.shape
+    H_kv = k.shape[1]
+    group = H // H_kv
+    rows_mask = None
+    if mask is not None:
+        assert mask.shape[1] == 1 and mask.shape[2] == 1, mask.shape
+        rows_mask = mask.expand(mask.shape[0], 1, group, mask.shape[3])  # a view: a head's rows see the same keys
+    out = F.scaled_dot_product_attention(q.reshape(B, H_kv, group, D), k, v, attn_mask=rows_mask)  # [B, H_kv, g, D]
+    return out.reshape(B, H, 1, D)
 
 
 def attention_without_per_shape_plans(device: torch.device) -> bool:
