@@ -82,3 +82,62 @@ def test_batched_mixed_methods_equal_plain(engine, plain):
     for i, ref in enumerate(plain):
         assert outs[f"r{i}"] == ref, methods[i]
     assert engine.slots.available == engine.config.max_batch_size  # every slot came back
+
+
+def test_requests_that_move_down_into_freed_slots_run_as_they_would_alone():
+    """Requests of every method ending at different steps, 6 through 4 slots, prompts
+    prefilled in 16-token pieces: whoever holds a slot above the running ones moves into
+    the freed one (`Engine._pack_slots`), mid-prompt or decoding, with its drafter's
+    cache; every step starts with the running requests in the lowest slots. Each
+    request's output equals its run alone, and so do its drafted and accepted counts;
+    and what a moved request had in its slot is in its new one (outputs equal plain
+    decoding's whatever the drafts, and the tiny family's random drafters hardly read
+    their context: a drafter that lost its state would still pass the rest)."""
+    engine = make_engine(dtype="float64", prefill_chunk_tokens=16)
+    prompts = sorted(code_prompts(PROMPTS), key=len)
+    # Slots 0-3 take r0-r3. r0 ends first: r3 (draft model, decoding) moves to 0 and r4
+    # (EAGLE-3, a 10-piece prompt) takes 3; r1 ends while r4's prompt is prefilled: r4
+    # moves to 1 and r5 (EAGLE-1) takes 3; r3 ends before r5: r5 moves, decoding, to 0.
+    plan = [("none", 4, 24), ("eagle2", 14, 24), ("medusa", 64, 24), ("draft_model", 40, 24), ("eagle3", 40, None),
+            ("eagle", 64, 24)]
+    reqs = [request(ids[:cut], n, m, rid=f"r{i}") for i, (ids, (m, n, cut)) in enumerate(zip(prompts, plan))]
+    moved = {"prefilling": set(), "decoding": set()}
+    packed, pack = [], engine._pack_slots
+
+    def pack_noted():
+        before = {id(s): (s.slot, slot_contents(engine, s)) for s in engine._running}
+        pack()
+        for s in engine._running:
+            slot, contents = before[id(s)]
+            if s.slot != slot:
+                assert s.slot < slot
+                moved["prefilling" if s.prefilling else "decoding"].add(s.settings.method)
+                assert all(torch.equal(a, b) for a, b in zip(slot_contents(engine, s), contents)), s.settings.method
+        packed.append(sorted(s.slot for s in engine._running) == list(range(len(engine._running))))
+    engine._pack_slots = pack_noted
+    finals: dict = {}
+    outs = run_batch(engine, reqs, finals)
+    engine._pack_slots = pack
+    assert all(packed) and len(packed) > 10 and engine.slots.free == [0, 1, 2, 3]
+    assert {"draft_model", "eagle"} <= moved["decoding"] and "eagle3" in moved["prefilling"], moved
+    for r in reqs:
+        ids, _, last = engine.generate(r)
+        got = finals[r.request_id].stats
+        assert outs[r.request_id] == ids, r.spec.method
+        assert (got.total_draft_tokens, got.total_accepted_draft_tokens) == \
+               (last.stats.total_draft_tokens, last.stats.total_accepted_draft_tokens), r.spec.method
+
+
+def slot_contents(engine, s) -> list:
+    """What request state `s` keeps in its slot: the target's cached keys and values,
+    and its drafter's (EAGLE: the head's cache and the committed features)."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.eagle import EagleDrafter
+
+    held = [engine.cache.kv[:, :, s.slot, :, : s.cached_len]]
+    drafter = engine.drafters.get(s.settings.method)
+    if isinstance(drafter, EagleDrafter) and s.draft is not None:
+        held += [drafter.cache.kv[:, :, s.slot, :, : s.draft.head_len], drafter.feats[s.slot, : s.cached_len]]
+    if isinstance(drafter, DraftModelDrafter) and s.draft is not None:
+        held.append(drafter.cache.kv[:, :, s.slot, :, : s.draft.draft_len])
+    return [t.clone() for t in held]

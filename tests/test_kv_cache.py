@@ -59,3 +59,27 @@ def test_writes_land_at_each_requests_positions(cache):
         assert torch.equal(cache.kv[1, 0, s, :, p: p + 3], k[b]) and torch.equal(cache.kv[1, 1, s, :, p: p + 3], v[b])
     changed = (cache.kv != before).nonzero()[:, 2].unique().tolist()
     assert changed == slots
+
+
+def test_slots_are_taken_lowest_first_and_moved_down():
+    from specdec.kv_cache import SlotAllocator
+
+    slots = SlotAllocator(4)  # the docstring's example
+    assert [slots.take(), slots.take(), slots.take()] == [0, 1, 2]
+    slots.give_back(0)
+    slots.move(2, 0)
+    assert slots.free == [2, 3] and slots.take() == 2
+    with pytest.raises(AssertionError):
+        slots.move(1, 0)  # 0 is held
+    slots.give_back(1)
+    with pytest.raises(AssertionError):
+        slots.give_back(1)  # already free
+
+
+def test_a_moved_slot_holds_the_first_positions_of_the_other(cache):
+    before = cache.kv.clone()
+    cache.move_slot(5, 2, 7)
+    assert torch.equal(cache.kv[:, :, 2, :, :7], before[:, :, 5, :, :7])
+    assert torch.equal(cache.kv[:, :, 2, :, 7:], before[:, :, 2, :, 7:])  # the rest of slot 2 is left as it was
+    others = [s for s in range(S) if s != 2]
+    assert torch.equal(cache.kv[:, :, others], before[:, :, others])

@@ -8,6 +8,7 @@ draft tokens is written right after the committed prefix and, after verification
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -119,25 +120,41 @@ class KVCache:
         torch.index_select(self.kv[layer, 1, :, :, :n], 0, batch.slots, out=v)
         return k, v
 
+    def move_slot(self, source: int, to: int, length: int) -> None:
+        """Copies the first `length` positions of slot `source` into slot `to`, every layer."""
+        if length > 0:
+            self.kv[:, :, to, :, :length] = self.kv[:, :, source, :, :length]
+
     def reserve_gather(self) -> None:
         if self._gather is None:
             self._gather = torch.empty(2, self.kv[0, 0].numel(), dtype=self.kv.dtype, device=self.kv.device)
 
 
 class SlotAllocator:
-    """Free list of cache slots; the scheduler takes one per admitted request."""
+    """Free list of cache slots: the scheduler takes the lowest free one per admitted
+    request, and `move` hands a request's slot down into a free lower one
+    (`Engine._pack_slots` keeps the running requests in the lowest slots).
+
+        4 slots: take 0, take 1, take 2; give_back 0; move 2 -> 0; free: 2, 3
+    """
 
     def __init__(self, num_slots: int):
-        self.free = list(range(num_slots - 1, -1, -1))
+        self.free = list(range(num_slots))  # ascending
 
     def take(self) -> int:
         if not self.free:
             raise InputError("no free KV-cache slot")
-        return self.free.pop()
+        return self.free.pop(0)
 
     def give_back(self, slot: int) -> None:
         assert slot not in self.free, f"slot {slot} freed twice"
-        self.free.append(slot)
+        bisect.insort(self.free, slot)
+
+    def move(self, held: int, to: int) -> None:
+        """The request holding `held` now holds `to` (which was free); `held` is free."""
+        assert to in self.free and held not in self.free, (held, to, self.free)
+        self.free.remove(to)
+        bisect.insort(self.free, held)
 
     @property
     def available(self) -> int:

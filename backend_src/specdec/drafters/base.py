@@ -87,5 +87,9 @@ class Drafter(Protocol):
         """After verification of these requests' trees (row b of `accepted` is states[b]),
         before any of them is released."""
 
+    def move_slot(self, state, slot: int) -> None:
+        """Between steps, before `state.slot` becomes `slot` (a free slot): copies what the
+        drafter keeps in the request's slot there (`Engine._pack_slots`)."""
+
     def release(self, state) -> None:
         """The request is gone; drop its drafter state."""

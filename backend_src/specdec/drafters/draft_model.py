@@ -87,6 +87,9 @@ class DraftModelDrafter:
                 d.draft_len = state.cached_len + 1 + min(n - 1, d.chain - 1)
             d.chain = 0
 
+    def move_slot(self, state, slot: int) -> None:
+        self.cache.move_slot(state.slot, slot, state.draft.draft_len)
+
     def release(self, state) -> None:
         state.draft = None
 

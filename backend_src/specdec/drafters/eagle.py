@@ -134,6 +134,12 @@ class EagleDrafter:
         positions = accepted.start[:, None] + torch.arange(N, device=device)[None]  # [B, N]
         self.feats[accepted.slots[:, None], positions] = src[rows, accepted.nodes.clamp(min=0)].to(self.feats.dtype)
 
+    def move_slot(self, state, slot: int) -> None:
+        """The head's cached pairs and the committed features (positions before the
+        target's cached length) go to `slot`."""
+        self.cache.move_slot(state.slot, slot, state.draft.head_len)
+        self.feats[slot, : state.cached_len] = self.feats[state.slot, : state.cached_len]
+
     def release(self, state) -> None:
         state.draft = None
 

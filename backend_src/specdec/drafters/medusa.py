@@ -59,6 +59,9 @@ class MedusaDrafter:
         for b, s in enumerate(states):
             s.draft.last_hidden = last[b]
 
+    def move_slot(self, state, slot: int) -> None:
+        """Nothing: the heads read the last hidden state, kept on the request's state."""
+
     def release(self, state) -> None:
         state.draft = None
 
