@@ -98,3 +98,17 @@ def test_single_query_times_both_attentions_and_leaves_grouping_on(tmp_path):
         assert [len(row["per_repeat_ms"][k]) for k in ("grouped", "enable_gqa")] == [2, 2]
         assert row["median_ms"]["grouped"] > 0 and row["median_ms"]["enable_gqa"] > 0
     assert layers.GROUP_SINGLE_QUERIES and gc.get_freeze_count() == 0
+
+
+def test_packing_runs_the_level_both_ways_and_puts_the_engine_back(tmp_path):
+    from specdec import engine as engine_module
+
+    decode = engine_module.Engine._decode
+    out = tmp_path / "packing.json"
+    assert bench_overheads.main(["--family", str(FAMILY), "--measure", "packing", "--batch", "3", "--repeats", "2",
+                                 "--level-tokens", "3-6", "--report-json", str(out)]) == 0
+    r = json.loads(out.read_text())["packing"]
+    for setting in ("packed", "scattered"):
+        assert len(r["per_repeat"][setting]["wall_ms"]) == 2
+        assert 0 < r["median"][setting]["decode_ms"] < r["median"][setting]["wall_ms"]
+    assert engine_module.Engine._decode is decode and gc.get_freeze_count() == 0

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --report-json docs/bench/overheads.json
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --measure level --batch 32 --report-json level.json
 
-Five measurements on the shipped family (float32), each side by side in one process
+Six measurements on the shipped family (float32), each side by side in one process
 (`--measure` picks some):
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
   the full forward against the output at the last position only (`queries`), median of
@@ -40,6 +40,12 @@ Five measurements on the shipped family (float32), each side by side in one proc
   (HumanEval prompts), the CPU's grouped single-query attention
   (`layers.single_query_attention`) on and off in turns, `--steps` steps each time,
   `--repeats` times: median ms per step.
+
+- packing: the level above with plain decoding only, the running requests kept in the
+  lowest KV slots (`Engine._pack_slots`) and not (each request keeping the slot it was
+  admitted to, so that the batch's slots scatter as requests finish and attention
+  gathers their keys and values), in turns `--repeats` times: the level's wall time and
+  its decode steps' time, medians.
 
 Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
@@ -201,6 +207,40 @@ def _single_query_steps(engine: Engine, prompts: list[list[int]], steps: int, re
                 grouped_vs_enable_gqa=med["grouped"] / med["enable_gqa"])
 
 
+def packing(engine: Engine, prompts: list[list[int]], lengths: list[int], repeats: int) -> dict:
+    engine_module.freeze_loaded_objects()
+    times: dict[str, dict[str, list[float]]] = {k: {"wall_ms": [], "decode_ms": []} for k in ("packed", "scattered")}
+    decode = engine_module.Engine._decode
+    spent = [0.0]
+
+    def decode_timed(self, states):
+        t0 = time.perf_counter()
+        decode(self, states)
+        spent[0] += time.perf_counter() - t0
+    engine_module.Engine._decode = decode_timed
+    try:
+        for r in range(-1, repeats):  # round -1: untimed
+            for setting in (("packed", "scattered") if r % 2 else ("scattered", "packed")):
+                own = engine_module.Engine._pack_slots.__get__(engine)
+                engine._pack_slots = (lambda: None) if setting == "scattered" else own
+                for i, (ids, n) in enumerate(zip(prompts, lengths)):
+                    req = GenerationRequest(f"packing-{setting}-{r}-{i}", ids, n, spec=SpecParams(method="none"))
+                    engine.submit(req, lambda o: None)
+                spent[0], t0 = 0.0, time.perf_counter()
+                while engine._waiting or engine._running:
+                    engine.step()
+                if r >= 0:
+                    times[setting]["wall_ms"].append(1e3 * (time.perf_counter() - t0))
+                    times[setting]["decode_ms"].append(1e3 * spent[0])
+    finally:
+        engine_module.Engine._decode = decode
+        del engine._pack_slots
+        gc.unfreeze()
+    med = {k: {m: statistics.median(v) for m, v in rows.items()} for k, rows in times.items()}
+    return dict(batch=len(prompts), repeats=repeats, per_repeat=times, median=med,
+                packed_vs_scattered={m: med["packed"][m] / med["scattered"][m] for m in ("wall_ms", "decode_ms")})
+
+
 LEVEL_PHASES = (("prefill", engine_module.Engine, "_prefill_pending"),
                 ("plan", policy_module.SpeculationPolicy, "plan"),
                 ("draft", eagle_module.EagleDrafter, "propose"),
@@ -356,12 +396,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                    "none,eagle2,eagle3; none is plain decoding and prices the others' tree steps)")
     p.add_argument("--sampling-iters", type=int, default=10, help="probabilities() calls per variant (default 10)")
     p.add_argument("--measure", default="catch-up,off-state,sampling",
-                   help="comma-separated: catch-up, off-state, sampling, level, single-query "
+                   help="comma-separated: catch-up, off-state, sampling, level, single-query, packing "
                         "(default the first three)")
     p.add_argument("--report-json", type=Path, default=None)
     args = p.parse_args(argv)
     measure = set(args.measure.split(","))
-    known = {"catch-up", "off-state", "sampling", "level", "single-query"}
+    known = {"catch-up", "off-state", "sampling", "level", "single-query", "packing"}
     if not measure <= known:
         p.error(f"--measure: unknown {', '.join(sorted(measure - known))}")
     from transformers import AutoTokenizer
@@ -395,10 +435,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             m = row["median_ms"]
             print(f"single-query attention, {B} requests: grouped {m['grouped']:.2f} ms/step, enable_gqa "
                   f"{m['enable_gqa']:.2f} ms/step ({row['grouped_vs_enable_gqa']:.3f})")
+    lo, hi = output_lengths(args.level_tokens)
+    asked = first_turns(read_question_set(question_set_path(args.level_set)))
+    level_prompts = [encode_question(tokenizer, asked[i % len(asked)], "auto")[:384] for i in range(args.batch)]
+    if "packing" in measure:
+        report["packing"] = packing(engine, level_prompts, request_lengths(lo, hi, args.batch), args.repeats)
+        m, ratio = report["packing"]["median"], report["packing"]["packed_vs_scattered"]
+        print(f"packing, {args.batch} requests: level {m['packed']['wall_ms']:.0f} ms packed, "
+              f"{m['scattered']['wall_ms']:.0f} ms scattered ({ratio['wall_ms']:.3f}); decode steps "
+              f"{m['packed']['decode_ms']:.0f} against {m['scattered']['decode_ms']:.0f} ms ({ratio['decode_ms']:.3f})")
     if "level" in measure:
-        lo, hi = output_lengths(args.level_tokens)
-        asked = first_turns(read_question_set(question_set_path(args.level_set)))
-        level_prompts = [encode_question(tokenizer, asked[i % len(asked)], "auto")[:384] for i in range(args.batch)]
         methods = tuple(args.level_methods.split(","))
         report["level"] = level(engine, level_prompts, request_lengths(lo, hi, args.batch), args.repeats, methods)
         for method, row in report["level"]["methods"].items():
