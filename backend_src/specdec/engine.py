@@ -378,9 +378,9 @@ class Engine:
         """Keeps the running requests in the lowest slots: each request above them moves
         into the lowest free slot (its cached positions copied, in the target's cache and
         its drafter's, `move_slot`), so a batch's slots are consecutive and attention
-        reads its keys and values in place (`KVCache.read`). Gathering them instead, with
-        one request of 32 gone from slot 5, cost 31 requests' plain steps 18 % on the
-        2-core Xeon (docs/benchmarks.md 2.8); a move copies one request's cache once."""
+        reads its keys and values in place (`KVCache.read`) instead of gathering them at
+        every layer (docs/DESIGN.md "KV cache layout"); a move copies one request's cache
+        once."""
         n = len(self._running)
         for state in sorted(self._running, key=lambda s: s.slot, reverse=True):
             if state.slot < n:
