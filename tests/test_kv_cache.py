@@ -68,7 +68,7 @@ def test_slots_are_taken_lowest_first_and_moved_down():
     assert [slots.take(), slots.take(), slots.take()] == [0, 1, 2]
     slots.give_back(0)
     slots.move(2, 0)
-    assert slots.free == [2, 3] and slots.take() == 2
+    assert slots.free == [2, 3] and slots.lowest_free == 2 and slots.take() == 2
     with pytest.raises(AssertionError):
         slots.move(1, 0)  # 0 is held
     slots.give_back(1)

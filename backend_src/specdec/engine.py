@@ -385,7 +385,7 @@ class Engine:
         for state in sorted(self._running, key=lambda s: s.slot, reverse=True):
             if state.slot < n:
                 break
-            to = self.slots.free[0]  # below n: n requests hold n slots, and one is above n
+            to = self.slots.lowest_free  # below n: n requests hold n slots, and one is above n
             self.cache.move_slot(state.slot, to, state.cached_len)
             drafter = self.drafters.get(state.settings.method)
             if drafter is not None and state.draft is not None:

@@ -159,3 +159,7 @@ class SlotAllocator:
     @property
     def available(self) -> int:
         return len(self.free)
+
+    @property
+    def lowest_free(self) -> int:
+        return self.free[0]
