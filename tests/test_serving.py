@@ -300,3 +300,18 @@ def test_a_batch_answer_ends_with_its_last_entry():
     assert answer.add(0, StepOutput("r", [], [], False)) == (None, False)
     arrays, last = answer.add(0, StepOutput("r", [7], [], True, "length"))
     assert last and arrays["batch_index"][0, 0] == 0
+
+
+@pytest.mark.parametrize("reason,generated", [("end_id", True), ("stop", True), ("cancelled", False)])
+def test_an_answer_that_ends_before_any_token_is_sent_is_timed_if_it_generated_one(reason, generated):
+    """An end token as the first token (or stop words cut away) was generated, though
+    nothing is sent: its first and last token times are set; a request cancelled before
+    generating has none (0)."""
+    b = ResponseBuilder([1, 2], ResponseOptions(streaming=False, exclude_input_in_output=True))
+    out = b.add(StepOutput("r", [], [], True, reason, scheduled_ns=5))
+    assert out["output_ids"].shape == (1, 1, 0) and out["num_output_tokens"].tolist() == [[0]]
+    first, last = out["first_token_time_ns"][0, 0], out["last_token_time_ns"][0, 0]
+    if generated:
+        assert out["arrival_time_ns"][0, 0] <= first == last
+    else:
+        assert first == last == 0

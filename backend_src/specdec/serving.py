@@ -205,6 +205,9 @@ def _one(value, dtype) -> np.ndarray:
     return np.array([[value]], dtype=dtype)
 
 
+ENDED_ON_A_TOKEN = ("stop", "end_id")  # finish reasons of a request whose last step generated a token
+
+
 @dataclass
 class ResponseBuilder:
     """Turns one engine request's `StepOutput`s into response tensors (batch dim 1, beam 1).
@@ -236,7 +239,9 @@ class ResponseBuilder:
     def add(self, step: StepOutput) -> Optional[dict[str, np.ndarray]]:
         """The response arrays for this step, or None when nothing is to be sent yet."""
         assert step.error is None, "the adapter answers failed steps with an error response"
-        if step.token_ids:
+        # A request that ends on an end or stop token generated a token even when none is
+        # sent (the end token never is; a stop string's tokens are cut): its times say so.
+        if step.token_ids or (step.finished and step.finish_reason in ENDED_ON_A_TOKEN):
             self.last_token_ns = time.monotonic_ns()
             self.first_token_ns = self.first_token_ns or self.last_token_ns
         self.cum_log_prob += float(sum(step.log_probs))
