@@ -210,35 +210,38 @@ def _single_query_steps(engine: Engine, prompts: list[list[int]], steps: int, re
 def packing(engine: Engine, prompts: list[list[int]], lengths: list[int], repeats: int) -> dict:
     engine_module.freeze_loaded_objects()
     times: dict[str, dict[str, list[float]]] = {k: {"wall_ms": [], "decode_ms": []} for k in ("packed", "scattered")}
-    decode = engine_module.Engine._decode
-    spent = [0.0]
-
-    def decode_timed(self, states):
-        t0 = time.perf_counter()
-        decode(self, states)
-        spent[0] += time.perf_counter() - t0
-    engine_module.Engine._decode = decode_timed
+    spent: dict[str, float] = collections.defaultdict(float)
+    decode = _timed(spent, engine_module.Engine, "_decode", "decode")
     try:
         for r in range(-1, repeats):  # round -1: untimed
             for setting in (("packed", "scattered") if r % 2 else ("scattered", "packed")):
-                own = engine_module.Engine._pack_slots.__get__(engine)
-                engine._pack_slots = (lambda: None) if setting == "scattered" else own
-                for i, (ids, n) in enumerate(zip(prompts, lengths)):
-                    req = GenerationRequest(f"packing-{setting}-{r}-{i}", ids, n, spec=SpecParams(method="none"))
-                    engine.submit(req, lambda o: None)
-                spent[0], t0 = 0.0, time.perf_counter()
-                while engine._waiting or engine._running:
-                    engine.step()
+                if setting == "scattered":
+                    engine._pack_slots = lambda: None  # (the instance's: the class's own packs)
+                else:
+                    engine.__dict__.pop("_pack_slots", None)
+                spent.clear()
+                wall = _run_level(engine, prompts, lengths, "none", f"packing-{setting}-{r}")
                 if r >= 0:
-                    times[setting]["wall_ms"].append(1e3 * (time.perf_counter() - t0))
-                    times[setting]["decode_ms"].append(1e3 * spent[0])
+                    times[setting]["wall_ms"].append(1e3 * wall)
+                    times[setting]["decode_ms"].append(1e3 * spent["decode"])
     finally:
         engine_module.Engine._decode = decode
-        del engine._pack_slots
+        engine.__dict__.pop("_pack_slots", None)
         gc.unfreeze()
     med = {k: {m: statistics.median(v) for m, v in rows.items()} for k, rows in times.items()}
     return dict(batch=len(prompts), repeats=repeats, per_repeat=times, median=med,
                 packed_vs_scattered={m: med["packed"][m] / med["scattered"][m] for m in ("wall_ms", "decode_ms")})
+
+
+def _run_level(engine: Engine, prompts: list[list[int]], lengths: list[int], method: str, tag: str) -> float:
+    """Submits request i (prompts[i], lengths[i] tokens, `method`) for every i at once and
+    steps the engine until all have finished: the seconds it took."""
+    for i, (ids, n) in enumerate(zip(prompts, lengths)):
+        engine.submit(GenerationRequest(f"{tag}-{i}", ids, n, spec=SpecParams(method=method)), lambda o: None)
+    t0 = time.perf_counter()
+    while engine._waiting or engine._running:
+        engine.step()
+    return time.perf_counter() - t0
 
 
 LEVEL_PHASES = (("prefill", engine_module.Engine, "_prefill_pending"),
@@ -280,15 +283,9 @@ def _level_runs(engine: Engine, prompts, lengths, repeats, methods, spent, steps
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     for r in range(-1, repeats):  # round -1: untimed, every method once
         for method in methods[r % len(methods):] + methods[: r % len(methods)]:
-            for i, (ids, n) in enumerate(zip(prompts, lengths)):
-                req = GenerationRequest(f"level-{method}-{r}-{i}", ids, n, spec=SpecParams(method=method))
-                engine.submit(req, lambda o: None)
             spent.clear()
             steps.clear()
-            t0 = time.perf_counter()
-            while engine._waiting or engine._running:
-                engine.step()
-            wall = time.perf_counter() - t0
+            wall = _run_level(engine, prompts, lengths, method, f"level-{method}-{r}")
             phases = {k: 1e3 * v for k, v in spent.items()}
             phases["other"] = phases.pop("step") - sum(phases.values())
             if r >= 0:
@@ -435,9 +432,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             m = row["median_ms"]
             print(f"single-query attention, {B} requests: grouped {m['grouped']:.2f} ms/step, enable_gqa "
                   f"{m['enable_gqa']:.2f} ms/step ({row['grouped_vs_enable_gqa']:.3f})")
-    lo, hi = output_lengths(args.level_tokens)
-    asked = first_turns(read_question_set(question_set_path(args.level_set)))
-    level_prompts = [encode_question(tokenizer, asked[i % len(asked)], "auto")[:384] for i in range(args.batch)]
+    if measure & {"packing", "level"}:
+        lo, hi = output_lengths(args.level_tokens)
+        asked = first_turns(read_question_set(question_set_path(args.level_set)))
+        level_prompts = [encode_question(tokenizer, asked[i % len(asked)], "auto")[:384] for i in range(args.batch)]
     if "packing" in measure:
         report["packing"] = packing(engine, level_prompts, request_lengths(lo, hi, args.batch), args.repeats)
         m, ratio = report["packing"]["median"], report["packing"]["packed_vs_scattered"]
