@@ -54,7 +54,8 @@ def test_side_by_side_table_report_and_plots(tmp_path, capsys):
     (["--concurrency", "a"], "integers"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--url", "localhost:1", "--configs", "eagle2-fixed"], "needs --eagle-total-tokens"),
-    (["--url", "localhost:1", "--configs", "plain-whole"], "a -whole configuration needs the engine in this process"),
+    (["--url", "localhost:1", "--configs", "plain-whole"], "a -whole or -apart configuration needs the engine"),
+    (["--url", "localhost:1", "--configs", "eagle3-apart"], "a -whole or -apart configuration needs the engine"),
     (["--output-tokens", "0"], "--output-tokens must be N or LO-HI with 1 <= LO <= HI, got '0'"),
     (["--output-tokens", "48-16"], "got '48-16'"),
     (["--output-tokens", "a-b"], "got 'a-b'"),
@@ -110,26 +111,32 @@ def test_repeats_report_medians_of_ratios_within_a_repeat():
     assert "1.10x (0.90-1.20)" in bc.format_table(points, configs)
 
 
-def test_a_whole_configuration_turns_chunked_prefill_off_while_it_runs():
-    """`-whole` combines with the other suffixes; its requests find the engine's chunked
-    prefill off, the others' on (as the engine was loaded)."""
-    configs = {c.label: c for c in bc.parse_configs("plain,plain-whole,eagle3-nolookup-whole-fixed")}
-    assert [(c.method, c.whole_prefill, c.lookup, c.fixed) for c in configs.values()] == [
-        ("none", False, True, False), ("none", True, True, False), ("eagle3", True, False, True)]
+def test_whole_and_apart_configurations_turn_their_prefill_setting_off_while_they_run():
+    """`-whole` and `-apart` combine with the other suffixes; a `-whole` configuration's
+    requests find the engine's chunked prefill off, an `-apart` one's mixed prefill off,
+    the others' both as the engine was loaded."""
+    configs = {c.label: c for c in bc.parse_configs("plain,plain-whole,eagle3-nolookup-whole-fixed,plain-apart,"
+                                                    "eagle3-whole-apart")}
+    assert [(c.method, c.whole_prefill, c.apart_prefill, c.lookup, c.fixed) for c in configs.values()] == [
+        ("none", False, False, True, False), ("none", True, False, True, False), ("eagle3", True, False, False, True),
+        ("none", False, True, True, False), ("eagle3", True, True, True, False)]
 
     class Engine:  # what InProcess reads and calls
         def __init__(self):
             from specdec.config import EngineConfig
             self.config = EngineConfig(base_model_dir=str(FAMILY / "base"))
+            self.mixed_prefill = True
             self.seen = []
 
         def submit(self, req, emit):
             from specdec.request import AcceptanceStats, StepOutput
-            self.seen.append(self.config.enable_chunked_context)
+            self.seen.append((self.config.enable_chunked_context, self.mixed_prefill))
             emit(StepOutput(req.request_id, [1] * req.max_tokens, [], True, "length", None, AcceptanceStats()))
 
     engine = Engine()
     run = bc.InProcess(engine)
-    for label in ("plain-whole", "plain-whole", "plain", "plain-whole", "plain"):
+    labels = ("plain-whole", "plain-whole", "plain", "plain-apart", "plain-whole", "eagle3-whole-apart", "plain")
+    for label in labels:
         assert run(configs[label], [1, 2], 3, "r").output_tokens == 3
-    assert engine.seen == [False, False, True, False, True]
+    assert engine.seen == [(False, True), (False, True), (True, True), (True, False), (False, True), (False, False),
+                           (True, True)]

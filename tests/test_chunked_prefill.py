@@ -100,8 +100,8 @@ def test_a_prompt_prefilled_in_pieces_generates_what_it_generates_whole(engines,
 def test_running_requests_decode_between_the_pieces_of_a_long_prompt(prompts):
     long = prompts[-1]
     assert len(long) == 100
-    for chunked in (True, False):
-        engine = make_engine(prefill_chunk_tokens=16, enable_chunked_context=chunked)
+    for chunked, mixed in [(True, True), (True, False), (False, True), (False, False)]:
+        engine = make_engine(prefill_chunk_tokens=16, enable_chunked_context=chunked, mixed_prefill=mixed)
         outs: dict = {}
         engine.submit(request(prompts[0][:10], 64, "none", rid="running"), _collect(outs, "running"))
         engine.step()
@@ -112,11 +112,15 @@ def test_running_requests_decode_between_the_pieces_of_a_long_prompt(prompts):
             engine.step()
             loads.append(engine.last_step)
             assert len(outs["running"]) == seen + 1  # one plain step each: never held up
-        if chunked:  # ceil(100 / 16) steps, the long request decoded from the last one on
+        # Prefilled alone, the long request's last piece comes before the step's verify
+        # forward, which decodes it too; riding in that forward (mixed), it decodes from
+        # the next step.
+        decoded = 1 if mixed else 2
+        if chunked:  # ceil(100 / 16) steps
             assert [s.context_tokens for s in loads] == [16] * 6 + [4]
-            assert [s.generation_requests for s in loads] == [1] * 6 + [2]
+            assert [s.generation_requests for s in loads] == [1] * 6 + [decoded]
         else:
-            assert [(s.context_tokens, s.generation_requests) for s in loads] == [(100, 2)]
+            assert [(s.context_tokens, s.generation_requests) for s in loads] == [(100, decoded)]
 
 
 def test_prompts_arriving_together_match_their_runs_alone(prompts):

@@ -38,6 +38,14 @@ class EngineConfig:
     # unchunked) and its first token no later (docs/benchmarks.md 2.6).
     enable_chunked_context: bool = True
     prefill_chunk_tokens: int = 256
+    # Mixed prefill: in a step with requests to decode, the prompts and pieces being
+    # prefilled (up to prefill.PREFILL_TOKENS padded tokens) ride in the verify forward,
+    # sharing its matmuls, instead of running a forward of their own before it (as
+    # TensorRT-LLM's in-flight batching and vLLM put context and generation tokens in
+    # one batch); a request whose prompt rides starts decoding in the next step. Off:
+    # every prefill forward runs alone. CUDA graphs (`cuda_graph_mode`) keep prefill
+    # apart, since a graph fixes its forward's shapes.
+    mixed_prefill: bool = True
     # KV-cache budget (memory.py): slots = min(max_batch_size, the ones that fit).
     kv_cache_free_gpu_mem_fraction: float = 0.9  # of the GPU memory free after loading the weights
     kv_cache_max_tokens: int = 0  # 0: no cap; else at most this many KV positions in all slots

@@ -9,6 +9,8 @@ A step reads top to bottom:
 3. drafters propose trees (one call per group of requests with equal settings), and
    EAGLE and Medusa trees take prompt lookup's branch (drafters/lookup.py);
 4. ONE target forward verifies every request's tree (plain decoding is a one-node tree);
+   with mixed prefill (`mixed_prefill`) the step's prompt pieces ride in it, sharing
+   its matmuls (`LlamaModel.forward_parts`), instead of a forward of their own;
 5. verification picks each request's accepted path and bonus token (greedy: exact
    match; sampling: lossless rejection sampling);
 6. the accepted path is compacted in the target KV cache, drafters update their state,
@@ -45,7 +47,7 @@ from .ops.tree_mask import TreeBuffers, build_tree
 from .ops.verify_greedy import verify_greedy
 from .ops.verify_sampling import verify_sampling
 from .policy import MAX_TREE, SpeculationPolicy, describe
-from .prefill import PrefillChunk, prefill_chunks, prefill_groups
+from .prefill import PREFILL_TOKENS, PrefillChunk, prefill_chunks, prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .routing_cache import cached_row_paths, routing_cache_dir
 from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
@@ -134,6 +136,20 @@ class EngineLoad:
     last_step: StepLoad
 
 
+@dataclass(frozen=True)
+class PrefillForward:
+    """One prefill forward's inputs, prepared on the device: run alone (`Engine._prefill`)
+    or riding in a step's verify forward (`Engine._verify`)."""
+
+    states: list  # [RequestState], one per row
+    chunks: list[PrefillChunk]  # row b prefills chunks[b] of states[b]
+    ids: torch.Tensor  # [B, L] the chunks' tokens, padded to the longest
+    positions: torch.Tensor  # [B, L]
+    batch: AttentionBatch  # their slots and causal mask after each cached prefix
+    aux_layers: tuple  # the target layers whose inputs the drafters need (EAGLE-3), or ()
+    last_positions: torch.Tensor  # [B] each chunk's last position in its row
+
+
 @dataclass
 class EngineMetrics:
     """Server-wide counters (exported as Triton custom metrics), per method."""
@@ -205,6 +221,7 @@ class Engine:
                                                  spare_start=positions, aux_layers=self.aux_layers)
             for drafter in cached:  # the EAGLE heads' and the draft model's forwards
                 drafter.use_graphs(config.cuda_graph_max_batch_size)
+        self.mixed_prefill = config.mixed_prefill and self.graphs is None  # step(): prefill in the verify forward
         self._graph_sets = [g for g in [self.graphs] + [getattr(d, name, None) for d in cached
                                                         for name in ("graphs", "loop_graphs")] if g is not None]
         self.policy = SpeculationPolicy(config, loaded.drafters, loaded.trees, loaded.medusa_heads)
@@ -352,11 +369,16 @@ class Engine:
         self._apply_cancellations()
         self._pack_slots()
         self._admit()
-        chunks = self._prefill_pending()
-        decoding = [s for s in self._running if not s.prefilling]
+        # Mixed prefill: with requests to decode, this step's prompt pieces ride in the
+        # verify forward (up to PREFILL_TOKENS); the rest are prefilled first, alone.
+        mix = self.mixed_prefill and any(not s.prefilling for s in self._running)
+        chunks, riders = self._prefill_pending(PREFILL_TOKENS if mix else 0)
+        decoding = [s for s in self._running if not s.prefilling and all(s not in r.states for r in riders)]
         if decoding:
             # By slot: consecutive slots let attention read the KV cache in place.
-            self._decode(sorted(decoding, key=lambda s: s.slot))
+            self._decode(sorted(decoding, key=lambda s: s.slot), riders)
+        for rider in riders if not decoding else ():  # (no request left to decode: they run alone)
+            self._run_prefill(rider)
         self.iterations += 1
         self.last_step = StepLoad(len(chunks), sum(c.length for c in chunks), len(decoding), time.time())
 
@@ -409,26 +431,38 @@ class Engine:
             self._running.append(state)
             self.metrics.requests[settings.method] += 1
 
-    def _prefill_pending(self) -> list[PrefillChunk]:
+    def _prefill_pending(self, ride_tokens: int = 0) -> tuple[list[PrefillChunk], list["PrefillForward"]]:
         """Prefills this step's chunks of the admitted prompts (`prefill.py`): whole
-        prompts in groups that share a forward, a piece of a longer one alone; returns
-        the chunks."""
+        prompts in groups that share a forward, a piece of a longer one alone. Forwards
+        of up to `ride_tokens` padded tokens in all, oldest first, are only prepared:
+        they ride in this step's verify forward (`_verify`). Returns the chunks and
+        those forwards."""
         pending = [s for s in self._running if s.prefilling]  # oldest first
         if not pending:
-            return []
+            return [], []
         piece = self.config.prefill_chunk_tokens if self.config.enable_chunked_context else None
         chunks = prefill_chunks([(s.cached_len, s.prompt_len) for s in pending], piece)
         whole = [c for c in chunks if c.whole]
         forwards = [[whole[i] for i in group] for group in prefill_groups([c.length for c in whole])]
         forwards += [[c] for c in chunks if not c.whole]
+        forwards.sort(key=lambda forward: min(c.index for c in forward))
+        riders: list[PrefillForward] = []
         for forward in forwards:
             states = [pending[c.index] for c in forward]
+            padded = len(forward) * max(c.length for c in forward)
             try:
-                self._prefill(states, forward)
+                if padded <= ride_tokens:
+                    riders.append(self._prefill_inputs(states, forward))
+                    ride_tokens -= padded
+                else:
+                    self._prefill(states, forward)
             except Exception as e:
-                for state in states:
-                    self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
-        return chunks
+                self._prefill_failed(states, e)
+        return chunks, riders
+
+    def _prefill_failed(self, states: list[RequestState], e: Exception) -> None:
+        for state in states:
+            self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
 
     def _prefill(self, states: list[RequestState], chunks: list[PrefillChunk]) -> None:
         """One target forward over each request's chunk of prompt (after its `cached_len`
@@ -436,6 +470,15 @@ class Engine:
         piece, where the next piece or step overwrites them); a request whose chunk ends
         its prompt gets its first token from the chunk's last position. Only whole
         prompts share a forward, so padded rows all start at 0."""
+        self._run_prefill(self._prefill_inputs(states, chunks))
+
+    def _run_prefill(self, forward: "PrefillForward") -> None:
+        with torch.inference_mode():
+            hidden, aux = self.target(forward.ids, forward.positions, self.cache, forward.batch, forward.aux_layers)
+        self._prefill_outputs(forward, hidden, aux)
+
+    def _prefill_inputs(self, states: list[RequestState], chunks: list[PrefillChunk]) -> "PrefillForward":
+        """A prefill forward's inputs on the device (`_prefill`)."""
         dev = self.device
         B, starts, lengths = len(states), [c.start for c in chunks], [c.length for c in chunks]
         L = max(lengths)
@@ -445,15 +488,22 @@ class Engine:
         aux_layers = self.aux_layers if any(d is not None and d.needs_aux for d in drafters) else ()
         host_slots = [s.slot for s in states]
         # First tokens are due from every row (whole prompts) or none (a piece alone that does not end its prompt).
-        ends_prompts = chunks[0].last
-        assert all(c.last == ends_prompts for c in chunks), chunks
+        assert all(c.last == chunks[0].last for c in chunks), chunks
         # [3, B]: slots, cached lengths, the pieces' last positions
         meta = to_device([host_slots, starts, [n - 1 for n in lengths]], dev)
         batch = AttentionBatch.build(meta[0], meta[1], causal_mask(B, L, dev), host_slots=host_slots,
                                      max_prefix=max(starts))
+        positions = meta[1][:, None] + torch.arange(L, device=dev)[None]  # [B, L]
+        return PrefillForward(states, chunks, ids, positions, batch, aux_layers, meta[2])
+
+    def _prefill_outputs(self, forward: "PrefillForward", hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
+        """What a prefill forward's hidden states [B, L, H] (and aux) give: the drafters'
+        prefill, the requests' cached lengths, prompt scores, first tokens."""
+        states, chunks, dev = forward.states, forward.chunks, self.device
+        B, starts, lengths = len(states), [c.start for c in chunks], [c.length for c in chunks]
+        drafters = [self.drafters.get(s.settings.method) for s in states]
+        ends_prompts = chunks[0].last
         with torch.inference_mode():
-            positions = meta[1][:, None] + torch.arange(L, device=dev)[None]  # [B, L]
-            hidden, aux = self.target(ids, positions, self.cache, batch, aux_layers)
             for b, (s, drafter) in enumerate(zip(states, drafters)):
                 s.cached_len = starts[b] + lengths[b]
                 if drafter is not None:
@@ -466,7 +516,7 @@ class Engine:
                       for b, s in enumerate(states) if s.req.return_prompt_log_probs}
             host, K = [], 0
             if ends_prompts:
-                last = hidden[torch.arange(B, device=dev), meta[2]]  # [B, H]
+                last = hidden[torch.arange(B, device=dev), forward.last_positions]  # [B, H]
                 logits = self.target.logits(last[:, None])  # [B, 1, V]
                 firsts = [self._first_token(s, logits[b: b + 1]) for b, s in enumerate(states)]
                 # The prefill's one host sync: the first tokens are emitted from the host
@@ -553,7 +603,9 @@ class Engine:
         log_dist = torch.log(probs[0])
         return token, log_dist[token], log_dist
 
-    def _decode(self, states: list[RequestState]) -> None:
+    def _decode(self, states: list[RequestState], riders: list[PrefillForward] = ()) -> None:
+        """One decode/verify step of `states` (their prompts cached), with `riders`'
+        prefill in its verify forward."""
         B = len(states)
         settings = self.policy.plan(states)
         trees: list[Optional[DraftTree]] = [None] * B
@@ -590,8 +642,8 @@ class Engine:
                     trees[i] = tree
             key_len = max(s.cached_len for s in states)
             t0 = time.perf_counter()
-            self._verify(states, settings, trees)  # ends with a host sync: the time includes the device work
-            if self.graph_captures()[0] == captures:
+            self._verify(states, settings, trees, riders)  # ends with a host sync: the time includes the device work
+            if self.graph_captures()[0] == captures and not riders:  # (a prefill's work is not the tree's)
                 self.policy.record_verify_time(B, max(t.num_nodes for t in trees), key_len, time.perf_counter() - t0)
 
     @staticmethod
@@ -623,7 +675,7 @@ class Engine:
         return DraftTree(tree[0], tree[1])
 
     def _verify(self, states: list[RequestState], settings: list[TreeSettings],
-                trees: list[DraftTree]) -> None:
+                trees: list[DraftTree], riders: list[PrefillForward] = ()) -> None:
         B, dev = len(states), self.device
         N = max(t.num_nodes for t in trees)
         if self.graphs is not None:
@@ -650,7 +702,10 @@ class Engine:
                                      max_prefix=max(s.cached_len for s in states))
         need_aux = any(self.drafters.get(st.method) is not None and self.drafters[st.method].needs_aux
                        for st in (s.settings for s in states))
-        hidden, aux = self.target_step(cand, tb.positions, batch, need_aux)
+        if riders:
+            hidden, aux = self._forward_with_riders(cand, tb.positions, batch, need_aux, riders)
+        else:
+            hidden, aux = self.target_step(cand, tb.positions, batch, need_aux)
         rows = [LogitsRow(s.req, s.tokens, len(s.tokens) - s.prompt_len) for s in states]
         logits = process_logits(self.target.logits(hidden), rows, tb.depth)  # [B, N, V]
 
@@ -754,6 +809,21 @@ class Engine:
             if s.copy_offered:
                 self.policy.observe_copy(s, s.copy_offered, new_tokens[:-1])
                 s.copy_offered = []
+
+    def _forward_with_riders(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool,
+                             riders: list[PrefillForward]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The verify forward (ids [B, N]) with the riders' prefill forwards as parts of it
+        (`LlamaModel.forward_parts`): returns the verify's hidden states and aux; each
+        rider's prefill is finished here (first tokens emitted)."""
+        aux = aux or any(r.aux_layers for r in riders)
+        parts = [(ids, positions, batch)] + [(r.ids, r.positions, r.batch) for r in riders]
+        outs = self.target.forward_parts(parts, self.cache, self.aux_layers if aux else ())
+        for rider, (hidden, rider_aux) in zip(riders, outs[1:]):
+            try:
+                self._prefill_outputs(rider, hidden, rider_aux)
+            except Exception as e:
+                self._prefill_failed(rider.states, e)
+        return outs[0]
 
     def target_step(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, aux: bool
                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -30,7 +30,8 @@ range, because one run's ratio on a shared machine moves by tens of percent.
 Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: the
 engine with adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
 speculation off for those requests; `-whole` (in-process only): chunked prefill off
-while the configuration runs (`plain-whole`). In-process, one engine (`Engine.launch`: loaded
+while the configuration runs (`plain-whole`); `-apart` (in-process only): mixed prefill
+off, every prefill forward run alone before the step's verify forward (`plain-apart`). In-process, one engine (`Engine.launch`: loaded
 and looping in its own thread) serves every configuration; "-fixed" requests pin
 `total_tokens` to the engine's tree size, which the policy treats exactly as `adaptive_speculation: false`
 (a pinned request always verifies its full tree). With `--url` the requests go over
@@ -80,6 +81,7 @@ class BenchConfig:
     fixed: bool  # adaptive speculation off for these requests
     lookup: bool = True  # prompt lookup as the engine is configured (False: prompt_lookup_tokens 0)
     whole_prefill: bool = False  # in-process: chunked prefill off while this configuration runs
+    apart_prefill: bool = False  # in-process: mixed prefill off while this configuration runs
 
 
 def parse_configs(text: str) -> list[BenchConfig]:
@@ -88,15 +90,16 @@ def parse_configs(text: str) -> list[BenchConfig]:
     out = []
     for label in (s.strip() for s in text.split(",") if s.strip()):
         base, fixed = (label[: -len("-fixed")], True) if label.endswith("-fixed") else (label, False)
+        base, apart = (base[: -len("-apart")], True) if base.endswith("-apart") else (base, False)
         base, whole = (base[: -len("-whole")], True) if base.endswith("-whole") else (base, False)
         base, lookup = (base[: -len("-nolookup")], False) if base.endswith("-nolookup") else (base, True)
         method = "none" if base == "plain" else base
         methods = ", ".join(m for m in METHODS if m != "none")
         _validate_that(method in METHODS, f"--configs: unknown configuration {label!r} "
-                                          f"(plain, {methods}, <method>[-nolookup][-whole][-fixed])")
+                                          f"(plain, {methods}, <method>[-nolookup][-whole][-apart][-fixed])")
         _validate_that(not fixed or method in FIXABLE, f"--configs: {label!r}: only {', '.join(FIXABLE)} "
                                                        f"can be fixed")
-        out.append(BenchConfig(label, method, fixed, lookup, whole))
+        out.append(BenchConfig(label, method, fixed, lookup, whole, apart))
     _validate_that(len(out) > 0, "--configs is empty")
     _validate_that(len({c.label for c in out}) == len(out), "--configs names a configuration twice")
     return out
@@ -145,6 +148,7 @@ class InProcess:
     def __init__(self, engine):
         self.engine = engine
         self.config = engine.config
+        self.mixed_prefill = engine.mixed_prefill  # as loaded (CUDA graphs keep it off)
 
     def __call__(self, config: BenchConfig, ids: list[int], output_tokens: int, request_id: str) -> Sample:
         from dataclasses import replace
@@ -153,6 +157,7 @@ class InProcess:
         # Configurations never overlap in time, so the engine's prefill setting is this one's.
         if self.engine.config.enable_chunked_context == config.whole_prefill:
             self.engine.config = replace(self.config, enable_chunked_context=not config.whole_prefill)
+        self.engine.mixed_prefill = self.mixed_prefill and not config.apart_prefill
         total = self.engine.policy.total_tokens if config.fixed else None
         req = GenerationRequest(request_id=request_id, input_ids=ids, max_tokens=output_tokens,
                                 spec=SpecParams(method=config.method, total_tokens=total,
@@ -496,8 +501,9 @@ def run_benchmark(args) -> dict:
     _validate_that(args.repeats >= 1, f"--repeats must be >= 1, got {args.repeats}")
     _validate_that(not args.url or args.eagle_total_tokens > 0 or not any(c.fixed for c in configs),
                    "--url with a -fixed configuration needs --eagle-total-tokens (the server's tree size)")
-    _validate_that(not args.url or not any(c.whole_prefill for c in configs),
-                   "--url: a -whole configuration needs the engine in this process (the server's prefill is its own)")
+    _validate_that(not args.url or not any(c.whole_prefill or c.apart_prefill for c in configs),
+                   "--url: a -whole or -apart configuration needs the engine in this process "
+                   "(the server's prefill is its own)")
     from transformers import AutoTokenizer
 
     tokenizer_dir = args.tokenizer or args.family / "base"

@@ -8,7 +8,7 @@ or writes into and reads from a `KVCache` slot (serving).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -119,6 +119,18 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+@dataclass(frozen=True)
+class ForwardPart:
+    """One part of a forward over several (`LlamaModel.forward_parts`): a [B, T] block
+    of tokens with its own slots and mask (`batch`) and RoPE tables (cos, sin
+    [B, 1, T, D]). The parts share every matmul and attend apart."""
+
+    shape: tuple[int, int]  # (B, T)
+    cos: torch.Tensor
+    sin: torch.Tensor
+    batch: AttentionBatch
+
+
 class Attention(nn.Module):
     def __init__(self, shape: LlamaShape, in_features: Optional[int] = None, bias: Optional[bool] = None):
         super().__init__()
@@ -146,12 +158,8 @@ class Attention(nn.Module):
         Returns [B, T, H]; with `queries` ([B] int64, a position per row) the keys and
         values of all T tokens are still computed (and cached), but the output only at
         those positions: [B, 1, H]."""
-        B, T, _ = x.shape
         if queries is None:
-            if self.qkv is not None:
-                q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
-            else:
-                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = self._project(x)
             cos_q, sin_q = cos, sin
         else:
             x_q = at_positions(x, queries)  # [B, 1, in]
@@ -164,11 +172,42 @@ class Attention(nn.Module):
                 q, k, v = self.q_proj(x_q), self.k_proj(x), self.v_proj(x)
             cos_q, sin_q = at_positions(cos, queries, dim=2), at_positions(sin, queries, dim=2)
             mask = at_positions(mask, queries, dim=2)
-        Tq = q.shape[1]
+        return self.o_proj(self._attend(q, k, v, (cos_q, sin_q), (cos, sin), mask, cache, layer, batch))
+
+    def forward_parts(self, x: torch.Tensor, parts: Sequence[ForwardPart], cache: KVCache, layer: int
+                      ) -> torch.Tensor:
+        """x: [R, in], the rows of every part, part after part (part p's [B_p, T_p]
+        tokens flattened). The projections are one matmul each over all R rows; each
+        part attends over its own slots with its own mask. Returns [R, H]."""
+        q, k, v = self._project(x)  # [R, ...] each
+        outs, start = [], 0
+        for part in parts:
+            B, T = part.shape
+            rows = slice(start, start + B * T)
+            q_p, k_p, v_p = (t[rows].view(B, T, -1) for t in (q, k, v))
+            rope_p = (part.cos, part.sin)
+            out = self._attend(q_p, k_p, v_p, rope_p, rope_p, part.batch.mask, cache, layer, part.batch)
+            outs.append(out.reshape(B * T, -1))
+            start += B * T
+        return self.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of every token of x ([..., in])."""
+        if self.qkv is not None:
+            return self.qkv(x).split(self.split_sizes, dim=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope_q: tuple, rope_k: tuple,
+                mask: torch.Tensor, cache: Optional[KVCache], layer: int, batch: Optional[AttentionBatch]
+                ) -> torch.Tensor:
+        """q: [B, Tq, n_heads * D]; k, v: [B, T, n_kv * D], before RoPE (`rope_q`,
+        `rope_k`: their (cos, sin)); written into and read from the cache when there is
+        one. Returns [B, Tq, n_heads * D], before the output projection."""
+        B, Tq, T = q.shape[0], q.shape[1], k.shape[1]
         q = q.reshape(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = rope(q, cos_q, sin_q), rope(k, cos, sin)
+        q, k = rope(q, *rope_q), rope(k, *rope_k)
         if cache is not None:
             cache.write(layer, batch, k, v)
             k, v = cache.read(layer, batch)
@@ -177,7 +216,7 @@ class Attention(nn.Module):
             out = single_query_attention(q, k, v, mask)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))
+        return out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)
 
 
 # One query per row (a plain decode step, a drafter's last-position output) on the CPU:
@@ -301,6 +340,13 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn(h, cos, sin, mask, cache, layer, batch, queries)
         x = x if queries is None else at_positions(x, queries)
         x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_parts(self, x: torch.Tensor, parts: Sequence[ForwardPart], cache: KVCache, layer: int
+                      ) -> torch.Tensor:
+        """x: [R, H], the rows of several parts (`Attention.forward_parts`) -> [R, H]."""
+        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        x = x + self.self_attn.forward_parts(h, parts, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
