@@ -112,3 +112,23 @@ def test_packing_runs_the_level_both_ways_and_puts_the_engine_back(tmp_path):
         assert len(r["per_repeat"][setting]["wall_ms"]) == 2
         assert 0 < r["median"][setting]["decode_ms"] < r["median"][setting]["wall_ms"]
     assert engine_module.Engine._decode is decode and gc.get_freeze_count() == 0
+
+
+def test_mixed_prefill_times_arrival_steps_both_ways_and_puts_the_engine_back(tmp_path, monkeypatch):
+    """Each setting's arrivals ride in the verify forward (mixed) or not (apart), and the
+    engine's setting is as loaded afterwards."""
+    from specdec.models.llama import LlamaModel
+
+    parts_calls = []
+    forward_parts = LlamaModel.forward_parts
+    monkeypatch.setattr(LlamaModel, "forward_parts",
+                        lambda self, parts, *a, **kw: parts_calls.append(len(parts)) or forward_parts(self, parts, *a,
+                                                                                                      **kw))
+    out = tmp_path / "mixed.json"
+    assert bench_overheads.main(["--family", str(FAMILY), "--measure", "mixed-prefill", "--batch", "3",
+                                 "--steps", "3", "--repeats", "2", "--report-json", str(out)]) == 0
+    r = json.loads(out.read_text())["mixed_prefill"]
+    for setting in ("mixed", "apart"):
+        assert len(r["per_repeat"][setting]["arrival_ms"]) == 2 and r["median"][setting]["plain_ms"] > 0
+    assert parts_calls == [2] * 3 * 3  # 3 arrivals ride in each mixed round (the untimed one too), none apart
+    assert len(r["arrival_tokens"]) == 3 and gc.get_freeze_count() == 0

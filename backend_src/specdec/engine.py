@@ -371,14 +371,13 @@ class Engine:
         self._admit()
         # Mixed prefill: with requests to decode, this step's prompt pieces ride in the
         # verify forward (up to PREFILL_TOKENS); the rest are prefilled first, alone.
+        # (A prefill forward run alone ends none of the requests already decoding.)
         mix = self.mixed_prefill and any(not s.prefilling for s in self._running)
         chunks, riders = self._prefill_pending(PREFILL_TOKENS if mix else 0)
-        decoding = [s for s in self._running if not s.prefilling and all(s not in r.states for r in riders)]
+        decoding = [s for s in self._running if not s.prefilling]  # (riders are still prefilling)
         if decoding:
             # By slot: consecutive slots let attention read the KV cache in place.
             self._decode(sorted(decoding, key=lambda s: s.slot), riders)
-        for rider in riders if not decoding else ():  # (no request left to decode: they run alone)
-            self._run_prefill(rider)
         self.iterations += 1
         self.last_step = StepLoad(len(chunks), sum(c.length for c in chunks), len(decoding), time.time())
 

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --report-json docs/bench/overheads.json
     OMP_NUM_THREADS=2 python tools/bench/bench_overheads.py --measure level --batch 32 --report-json level.json
 
-Six measurements on the shipped family (float32), each side by side in one process
+Seven measurements on the shipped family (float32), each side by side in one process
 (`--measure` picks some):
 - catch-up: the EAGLE-2 and EAGLE-3 heads over a `--pairs`-pair catch-up (a prompt),
   the full forward against the output at the last position only (`queries`), median of
@@ -46,6 +46,12 @@ Six measurements on the shipped family (float32), each side by side in one proce
   admitted to, so that the batch's slots scatter as requests finish and attention
   gathers their keys and values), in turns `--repeats` times: the level's wall time and
   its decode steps' time, medians.
+
+- mixed-prefill: `--batch` - 1 requests decoding (plain decoding, HumanEval prompts), and
+  a new request (a `--level-set` first turn, chat template, one token) arriving every
+  other step into the last slot, `--steps` arrivals, with mixed prefill on (its prompt rides in the step's
+  verify forward) and off (prefilled in a forward of its own first), in turns
+  `--repeats` times: median ms of the steps with an arrival and of those without.
 
 Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
@@ -233,6 +239,42 @@ def packing(engine: Engine, prompts: list[list[int]], lengths: list[int], repeat
                 packed_vs_scattered={m: med["packed"][m] / med["scattered"][m] for m in ("wall_ms", "decode_ms")})
 
 
+def mixed_prefill(engine: Engine, prompts: list[list[int]], arrivals: list[list[int]], steps: int,
+                  repeats: int) -> dict:
+    engine_module.freeze_loaded_objects()
+    loaded = engine.mixed_prefill
+    times: dict[str, dict[str, list[float]]] = {k: {"arrival_ms": [], "plain_ms": []} for k in ("mixed", "apart")}
+    try:
+        for r in range(-1, repeats):  # round -1: untimed
+            for setting in (("mixed", "apart") if r % 2 else ("apart", "mixed")):
+                engine.mixed_prefill = setting == "mixed"
+                for i, ids in enumerate(prompts[:-1]):  # (the last slot is the arrivals')
+                    engine.submit(GenerationRequest(f"mixed-{setting}-{r}-{i}", ids, 2 * steps + 8), lambda o: None)
+                engine.step()  # their prefill
+                engine.step()
+                arrival, plain = [], []
+                for k in range(steps):
+                    engine.submit(GenerationRequest(f"arrival-{setting}-{r}-{k}", arrivals[k % len(arrivals)], 1),
+                                  lambda o: None)
+                    for timed in (arrival, plain):
+                        t0 = time.perf_counter()
+                        engine.step()
+                        timed.append(1e3 * (time.perf_counter() - t0))
+                for state in list(engine._running):
+                    engine.cancel(state.req.request_id)
+                engine.step()
+                if r >= 0:
+                    times[setting]["arrival_ms"].append(statistics.median(arrival))
+                    times[setting]["plain_ms"].append(statistics.median(plain))
+    finally:
+        engine.mixed_prefill = loaded
+        gc.unfreeze()
+    med = {k: {m: statistics.median(v) for m, v in rows.items()} for k, rows in times.items()}
+    return dict(decoding=len(prompts) - 1, arrival_tokens=[len(a) for a in arrivals[:steps]], steps=steps, repeats=repeats,
+                per_repeat=times, median=med,
+                mixed_vs_apart={m: med["mixed"][m] / med["apart"][m] for m in ("arrival_ms", "plain_ms")})
+
+
 def _run_level(engine: Engine, prompts: list[list[int]], lengths: list[int], method: str, tag: str) -> float:
     """Submits request i (prompts[i], lengths[i] tokens, `method`) for every i at once and
     steps the engine until all have finished: the seconds it took."""
@@ -258,9 +300,9 @@ def level(engine: Engine, prompts: list[list[int]], lengths: list[int], repeats:
     steps: list[list] = []  # this run's decode steps: [batch, tree nodes, accepted drafts, verify s, step s]
     verify, step = engine_module.Engine._verify, engine_module.Engine.step
 
-    def verify_noted(self, states, settings, trees):
+    def verify_noted(self, states, settings, trees, riders=()):  # (a level's prompts all come at once: no riders)
         t0 = time.perf_counter()
-        verify(self, states, settings, trees)
+        verify(self, states, settings, trees, riders)
         steps.append([len(states), max(t.num_nodes for t in trees), 0, time.perf_counter() - t0, 0.0])
 
     def step_noted(self):
@@ -393,12 +435,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                    "none,eagle2,eagle3; none is plain decoding and prices the others' tree steps)")
     p.add_argument("--sampling-iters", type=int, default=10, help="probabilities() calls per variant (default 10)")
     p.add_argument("--measure", default="catch-up,off-state,sampling",
-                   help="comma-separated: catch-up, off-state, sampling, level, single-query, packing "
-                        "(default the first three)")
+                   help="comma-separated: catch-up, off-state, sampling, level, single-query, packing, "
+                        "mixed-prefill (default the first three)")
     p.add_argument("--report-json", type=Path, default=None)
     args = p.parse_args(argv)
     measure = set(args.measure.split(","))
-    known = {"catch-up", "off-state", "sampling", "level", "single-query", "packing"}
+    known = {"catch-up", "off-state", "sampling", "level", "single-query", "packing", "mixed-prefill"}
     if not measure <= known:
         p.error(f"--measure: unknown {', '.join(sorted(measure - known))}")
     from transformers import AutoTokenizer
@@ -432,7 +474,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             m = row["median_ms"]
             print(f"single-query attention, {B} requests: grouped {m['grouped']:.2f} ms/step, enable_gqa "
                   f"{m['enable_gqa']:.2f} ms/step ({row['grouped_vs_enable_gqa']:.3f})")
-    if measure & {"packing", "level"}:
+    if measure & {"packing", "level", "mixed-prefill"}:
         lo, hi = output_lengths(args.level_tokens)
         asked = first_turns(read_question_set(question_set_path(args.level_set)))
         level_prompts = [encode_question(tokenizer, asked[i % len(asked)], "auto")[:384] for i in range(args.batch)]
@@ -442,6 +484,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"packing, {args.batch} requests: level {m['packed']['wall_ms']:.0f} ms packed, "
               f"{m['scattered']['wall_ms']:.0f} ms scattered ({ratio['wall_ms']:.3f}); decode steps "
               f"{m['packed']['decode_ms']:.0f} against {m['scattered']['decode_ms']:.0f} ms ({ratio['decode_ms']:.3f})")
+    if "mixed-prefill" in measure:
+        report["mixed_prefill"] = mixed_prefill(engine, prompts, level_prompts, args.steps, args.repeats)
+        m, ratio = report["mixed_prefill"]["median"], report["mixed_prefill"]["mixed_vs_apart"]
+        print(f"mixed prefill, {args.batch - 1} requests decoding: a step with an arrival {m['mixed']['arrival_ms']:.1f} "
+              f"ms mixed, {m['apart']['arrival_ms']:.1f} ms apart ({ratio['arrival_ms']:.3f}); without one "
+              f"{m['mixed']['plain_ms']:.1f} against {m['apart']['plain_ms']:.1f} ms ({ratio['plain_ms']:.3f})")
     if "level" in measure:
         methods = tuple(args.level_methods.split(","))
         report["level"] = level(engine, level_prompts, request_lengths(lo, hi, args.batch), args.repeats, methods)
