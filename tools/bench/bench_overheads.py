@@ -244,18 +244,20 @@ def mixed_prefill(engine: Engine, prompts: list[list[int]], arrivals: list[list[
     engine_module.freeze_loaded_objects()
     loaded = engine.mixed_prefill
     times: dict[str, dict[str, list[float]]] = {k: {"arrival_ms": [], "plain_ms": []} for k in ("mixed", "apart")}
+    plain_decoding = SpecParams(method="none")  # (the engine's default is adaptive EAGLE-2)
     try:
         for r in range(-1, repeats):  # round -1: untimed
             for setting in (("mixed", "apart") if r % 2 else ("apart", "mixed")):
                 engine.mixed_prefill = setting == "mixed"
                 for i, ids in enumerate(prompts[:-1]):  # (the last slot is the arrivals')
-                    engine.submit(GenerationRequest(f"mixed-{setting}-{r}-{i}", ids, 2 * steps + 8), lambda o: None)
+                    engine.submit(GenerationRequest(f"mixed-{setting}-{r}-{i}", ids, 2 * steps + 8,
+                                                    spec=plain_decoding), lambda o: None)
                 engine.step()  # their prefill
                 engine.step()
                 arrival, plain = [], []
                 for k in range(steps):
-                    engine.submit(GenerationRequest(f"arrival-{setting}-{r}-{k}", arrivals[k % len(arrivals)], 1),
-                                  lambda o: None)
+                    engine.submit(GenerationRequest(f"arrival-{setting}-{r}-{k}", arrivals[k % len(arrivals)], 1,
+                                                    spec=plain_decoding), lambda o: None)
                     for timed in (arrival, plain):
                         t0 = time.perf_counter()
                         engine.step()
