@@ -90,9 +90,9 @@ class LlamaModel(nn.Module):
         [B_p, T_p], its AttentionBatch) gets what `forward` would return for it alone
         (hidden [B_p, T_p, H], aux or None), but every matmul runs once over all parts'
         tokens, so the weights are read once for all of them (a decode step and a prompt
-        being prefilled; attention stays per part). On a memory-bound CPU a step's
-        forward over 16 decode tokens and another over a 100-token prompt cost about the
-        same as one forward over the 116 tokens would."""
+        being prefilled; attention stays per part). On the 2-core CPU a step of 16 decode
+        tokens with a 52-126-token prompt riding took 0.81 of its time with the prompt in
+        a forward of its own (docs/benchmarks.md 2.9)."""
         H = self.shape.hidden_size
         dtype = self.model.embed_tokens.weight.dtype
         blocks = []
