@@ -96,9 +96,10 @@ def test_prompts_riding_in_verify_forwards_generate_what_they_do_prefilled_alone
     prompts, and with pieces of 16 tokens prompts spread over several steps): with
     mixed prefill on, their prefill rode in verify forwards and no prefill forward ran
     alone while anything decoded; outputs, drafted and accepted counts equal those with
-    it off."""
+    it off; so are the prompt log-probs and output log-probs of one that asks for them."""
     methods = ["none", "eagle3", "eagle2", "medusa", "draft_model", "eagle"]  # the first one arrives alone
-    results = {}
+    asks = dict(return_prompt_log_probs=True, return_log_probs=True, top_log_probs=2)  # (of the last one)
+    results, scores = {}, {}
     for mixed in (True, False):
         engine = make_engine(dtype="float64", max_batch_size=6, mixed_prefill=mixed,
                              enable_chunked_context=chunk is not None, prefill_chunk_tokens=chunk or 256)
@@ -119,7 +120,8 @@ def test_prompts_riding_in_verify_forwards_generate_what_they_do_prefilled_alone
 
         engine.target.forward_parts, engine._run_prefill, engine.step = counting_parts, counting_alone, noting_step
         outs: dict = {}
-        pending = [request(p, 12 + 3 * i, m, rid=f"{m}-{i}") for i, (p, m) in enumerate(zip(prompts, methods))]
+        pending = [request(p, 12 + 3 * i, m, rid=f"{m}-{i}", **(asks if i == 5 else {}))
+                   for i, (p, m) in enumerate(zip(prompts, methods))]
         for r in pending:  # one arrives every other step
             outs.update(run_outputs_async(engine, r))
             engine.step()
@@ -129,11 +131,15 @@ def test_prompts_riding_in_verify_forwards_generate_what_they_do_prefilled_alone
         results[mixed] = {rid: ([t for o in o_list for t in o.token_ids],
                                 o_list[-1].stats.total_draft_tokens, o_list[-1].stats.total_accepted_draft_tokens)
                           for rid, o_list in outs.items()}
+        scores[mixed] = (outs["eagle-5"][0].prompt_log_probs, [lp for o in outs["eagle-5"] for lp in o.log_probs])
         if mixed:
             assert max(parts_seen) >= 2 and not any(alone_while_decoding)
         else:
             assert not parts_seen and any(alone_while_decoding)
     assert results[True] == results[False]
+    assert len(scores[True][0]) == len(prompts[5]) - 1 and len(scores[True][1]) == 27
+    for got, alone in zip(scores[True], scores[False]):
+        assert got == pytest.approx(alone, abs=1e-9)
     assert sum(drafted for _, drafted, _ in results[True].values()) > 0
 
 
