@@ -285,14 +285,16 @@ def test_load_footprint_loads_medusa_with_and_without_its_drafting_vocabulary(tm
 
 
 def test_bench_chunked_prefill_runs_each_setting_in_turns(tmp_path):
-    """Every setting runs, the tokens are compared (greedy: equal), and with chunked
-    prefill off the running requests get nothing while the long prompt is prefilled."""
+    """Every setting runs (with `--apart`, each also with mixed prefill off), the tokens are
+    compared (greedy: equal), and with chunked prefill off the running requests get
+    nothing while the long prompt is prefilled."""
     import bench_chunked_prefill
 
     report = tmp_path / "chunked.md"
     bench_chunked_prefill.main(["--family", str(FAMILY), "--running", "2", "--running-output", "80",
                                 "--long-tokens", "48", "--long-output", "2", "--warm-steps", "2",
-                                "--piece-sizes", "8,16", "--repeats", "1", "--report-md", str(report)])
+                                "--piece-sizes", "8,16", "--repeats", "1", "--apart", "--report-md", str(report)])
     rows = [line.split(" | ") for line in report.read_text().splitlines() if line.startswith("| o")]
-    assert [r[0] for r in rows] == ["| off", "| on, 8 tokens", "| on, 16 tokens"]
-    assert float(rows[0][3]) == 0.0 and float(rows[1][3]) > 0
+    assert [r[0] for r in rows] == ["| off", "| off, apart", "| on, 8 tokens", "| on, 8 tokens, apart",
+                                    "| on, 16 tokens", "| on, 16 tokens, apart"]
+    assert float(rows[0][3]) == 0.0 and float(rows[1][3]) == 0.0 and float(rows[2][3]) > 0

@@ -8,9 +8,10 @@ One engine on the shipped family (float32), stepped by hand in this process. Per
 after `--warm-steps` steps a request arrives whose prompt is `--long-tokens` tokens
 (HumanEval questions joined, in the chat template) and asks for `--long-output` tokens.
 The round ends when the long request has finished. Each setting (chunked prefill off;
-on with each of `--piece-sizes`) runs once per repeat, in turns, on the same engine (only
-its config's two prefill parameters change between rounds), so the weights, caches and
-the machine's state are shared.
+on with each of `--piece-sizes`; with `--apart` each of them also with mixed prefill off,
+the prompt or its pieces prefilled in forwards of their own) runs once per repeat, in
+turns, on the same engine (only its prefill settings change between rounds), so the
+weights, caches and the machine's state are shared.
 
 Recorded per round: the long request's time to its first token; the running requests'
 longest gap between two of their outputs, from their last before the long request's
@@ -54,13 +55,15 @@ class Round:
     tokens: dict  # request id -> tokens
 
 
-def _setting_name(piece) -> str:
-    return "off" if piece is None else f"on, {piece} tokens"
+def _setting_name(piece, mixed: bool = True) -> str:
+    return ("off" if piece is None else f"on, {piece} tokens") + ("" if mixed else ", apart")
 
 
-def run_round(engine: Engine, args, running_prompts: list[list[int]], long_prompt: list[int], piece) -> Round:
+def run_round(engine: Engine, args, running_prompts: list[list[int]], long_prompt: list[int], piece,
+              mixed: bool = True) -> Round:
     engine.config = dataclasses.replace(engine.config, enable_chunked_context=piece is not None,
                                         prefill_chunk_tokens=piece or engine.config.prefill_chunk_tokens)
+    engine.mixed_prefill = mixed
     times: dict[str, list[tuple[float, int]]] = {}  # request id -> (when, tokens) of each output
     tokens: dict[str, list[int]] = {}
     done: set[str] = set()
@@ -103,7 +106,7 @@ def run_round(engine: Engine, args, running_prompts: list[list[int]], long_promp
     all_tokens = sum(n for outputs in times.values() for t, n in outputs if arrival <= t <= end)
     while engine.num_active:
         engine.step()
-    return Round(_setting_name(piece), first - arrival, max(gaps), window_tokens / (first - arrival),
+    return Round(_setting_name(piece, mixed), first - arrival, max(gaps), window_tokens / (first - arrival),
                  all_tokens / (end - arrival), tokens)
 
 
@@ -118,6 +121,7 @@ def main(argv=None) -> None:
     p.add_argument("--warm-steps", type=int, default=8)
     p.add_argument("--piece-sizes", default="128,256,512",
                    help="chunked prefill's prefill_chunk_tokens, comma separated")
+    p.add_argument("--apart", action="store_true", help="each setting also with mixed prefill off")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--report-md", type=Path)
     p.add_argument("--report-json", type=Path)
@@ -137,19 +141,20 @@ def main(argv=None) -> None:
                           max_seq_len=max([args.long_tokens + args.long_output]
                                           + [len(q) + args.running_output for q in running_prompts]) + 16)
     engine = Engine(config)
-    settings = [None] + [int(n) for n in args.piece_sizes.split(",")]
+    settings = [(piece, mixed) for piece in [None] + [int(n) for n in args.piece_sizes.split(",")]
+                for mixed in ((True, False) if args.apart else (True,))]
     rounds: list[Round] = []
     for repeat in range(args.repeats):
-        for piece in settings:
-            r = run_round(engine, args, running_prompts, long_prompt, piece)
+        for piece, mixed in settings:
+            r = run_round(engine, args, running_prompts, long_prompt, piece, mixed)
             if rounds and r.tokens != rounds[0].tokens:
                 raise SystemExit(f"{r.setting}: the tokens differ from {rounds[0].setting}'s (greedy)")
             rounds.append(r)
-            print(f"#{repeat} {r.setting:>16}: first token of the long prompt {r.ttft_s:.2f} s, running requests' "
+            print(f"#{repeat} {r.setting:>23}: first token of the long prompt {r.ttft_s:.2f} s, running requests' "
                   f"longest gap {r.max_gap_s:.2f} s, {r.window_tok_s:.1f} tok/s in the window, "
                   f"{r.round_tok_s:.1f} tok/s over the round", flush=True)
 
-    names = [_setting_name(b) for b in settings]
+    names = [_setting_name(*setting) for setting in settings]
     med = {n: {k: statistics.median(getattr(r, k) for r in rounds if r.setting == n)
                for k in ("ttft_s", "max_gap_s", "window_tok_s", "round_tok_s")} for n in names}
     command = "python tools/bench/bench_chunked_prefill.py " + " ".join(sys.argv[1:] if argv is None else argv)
