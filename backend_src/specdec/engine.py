@@ -138,7 +138,7 @@ class EngineLoad:
 
 @dataclass(frozen=True)
 class PrefillForward:
-    """One prefill forward's inputs, prepared on the device: run alone (`Engine._prefill`)
+    """One prefill forward's inputs, prepared on the device: run alone (`Engine._run_prefill`)
     or riding in a step's verify forward (`Engine._verify`)."""
 
     states: list  # [RequestState], one per row
@@ -430,7 +430,7 @@ class Engine:
             self._running.append(state)
             self.metrics.requests[settings.method] += 1
 
-    def _prefill_pending(self, ride_tokens: int = 0) -> tuple[list[PrefillChunk], list["PrefillForward"]]:
+    def _prefill_pending(self, ride_tokens: int = 0) -> tuple[list[PrefillChunk], list[PrefillForward]]:
         """Prefills this step's chunks of the admitted prompts (`prefill.py`): whole
         prompts in groups that share a forward, a piece of a longer one alone. Forwards
         of up to `ride_tokens` padded tokens in all, oldest first, are only prepared:
@@ -450,11 +450,12 @@ class Engine:
             states = [pending[c.index] for c in forward]
             padded = len(forward) * max(c.length for c in forward)
             try:
+                prepared = self._prefill_inputs(states, forward)
                 if padded <= ride_tokens:
-                    riders.append(self._prefill_inputs(states, forward))
+                    riders.append(prepared)
                     ride_tokens -= padded
                 else:
-                    self._prefill(states, forward)
+                    self._run_prefill(prepared)
             except Exception as e:
                 self._prefill_failed(states, e)
         return chunks, riders
@@ -463,21 +464,19 @@ class Engine:
         for state in states:
             self._finish(state, [], "error", f"internal error in prefill: {type(e).__name__}: {e}")
 
-    def _prefill(self, states: list[RequestState], chunks: list[PrefillChunk]) -> None:
-        """One target forward over each request's chunk of prompt (after its `cached_len`
-        cached tokens), padded to the longest (the padding's KV entries land past each
-        piece, where the next piece or step overwrites them); a request whose chunk ends
-        its prompt gets its first token from the chunk's last position. Only whole
-        prompts share a forward, so padded rows all start at 0."""
-        self._run_prefill(self._prefill_inputs(states, chunks))
-
-    def _run_prefill(self, forward: "PrefillForward") -> None:
+    def _run_prefill(self, forward: PrefillForward) -> None:
+        """The prefill forward alone, then what it gives (`_prefill_outputs`)."""
         with torch.inference_mode():
             hidden, aux = self.target(forward.ids, forward.positions, self.cache, forward.batch, forward.aux_layers)
         self._prefill_outputs(forward, hidden, aux)
 
-    def _prefill_inputs(self, states: list[RequestState], chunks: list[PrefillChunk]) -> "PrefillForward":
-        """A prefill forward's inputs on the device (`_prefill`)."""
+    def _prefill_inputs(self, states: list[RequestState], chunks: list[PrefillChunk]) -> PrefillForward:
+        """The inputs on the device of one target forward over each request's chunk of
+        prompt (after its `cached_len` cached tokens), padded to the longest (the
+        padding's KV entries land past each piece, where the next piece or step
+        overwrites them); a request whose chunk ends its prompt gets its first token from
+        the chunk's last position. Only whole prompts share a forward, so padded rows all
+        start at 0."""
         dev = self.device
         B, starts, lengths = len(states), [c.start for c in chunks], [c.length for c in chunks]
         L = max(lengths)
@@ -495,7 +494,7 @@ class Engine:
         positions = meta[1][:, None] + torch.arange(L, device=dev)[None]  # [B, L]
         return PrefillForward(states, chunks, ids, positions, batch, aux_layers, meta[2])
 
-    def _prefill_outputs(self, forward: "PrefillForward", hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
+    def _prefill_outputs(self, forward: PrefillForward, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> None:
         """What a prefill forward's hidden states [B, L, H] (and aux) give: the drafters'
         prefill, the requests' cached lengths, prompt scores, first tokens."""
         states, chunks, dev = forward.states, forward.chunks, self.device

@@ -31,8 +31,9 @@ Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: th
 engine with adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
 speculation off for those requests; `-whole` (in-process only): chunked prefill off
 while the configuration runs (`plain-whole`); `-apart` (in-process only): mixed prefill
-off, every prefill forward run alone before the step's verify forward (`plain-apart`). In-process, one engine (`Engine.launch`: loaded
-and looping in its own thread) serves every configuration; "-fixed" requests pin
+off, every prefill forward run alone before the step's verify forward (`plain-apart`).
+In-process, one engine (`Engine.launch`: loaded and looping in its own thread) serves
+every configuration; "-fixed" requests pin
 `total_tokens` to the engine's tree size, which the policy treats exactly as `adaptive_speculation: false`
 (a pinned request always verifies its full tree). With `--url` the requests go over
 gRPC streams to a running tritonserver's `speculative_decoding` model (token ids in and

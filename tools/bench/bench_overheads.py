@@ -49,9 +49,9 @@ Seven measurements on the shipped family (float32), each side by side in one pro
 
 - mixed-prefill: `--batch` - 1 requests decoding (plain decoding, HumanEval prompts), and
   a new request (a `--level-set` first turn, chat template, one token) arriving every
-  other step into the last slot, `--steps` arrivals, with mixed prefill on (its prompt rides in the step's
-  verify forward) and off (prefilled in a forward of its own first), in turns
-  `--repeats` times: median ms of the steps with an arrival and of those without.
+  other step into the last slot, `--steps` arrivals, with mixed prefill on (its prompt
+  rides in the step's verify forward) and off (prefilled in a forward of its own first),
+  in turns `--repeats` times: median ms of the steps with an arrival and of those without.
 
 Not owned here: throughput under load (tools/bench/bench_concurrency.py).
 """
@@ -213,30 +213,43 @@ def _single_query_steps(engine: Engine, prompts: list[list[int]], steps: int, re
                 grouped_vs_enable_gqa=med["grouped"] / med["enable_gqa"])
 
 
+def _in_turns(repeats: int, first: str, second: str):
+    """(round, setting) of two settings measured in turns: round -1 untimed (`first`
+    leads it), then `repeats` rounds, the order alternating."""
+    for r in range(-1, repeats):
+        for setting in ((first, second) if r % 2 else (second, first)):
+            yield r, setting
+
+
+def _turns_summary(times: dict[str, dict[str, list[float]]], first: str, second: str) -> dict:
+    """What `_in_turns`' timings (setting -> metric -> one value per round) report: them,
+    each one's median, and `<first>_vs_<second>`, the ratio of the medians per metric."""
+    med = {k: {m: statistics.median(v) for m, v in rows.items()} for k, rows in times.items()}
+    return {"per_repeat": times, "median": med,
+            f"{first}_vs_{second}": {m: med[first][m] / med[second][m] for m in med[first]}}
+
+
 def packing(engine: Engine, prompts: list[list[int]], lengths: list[int], repeats: int) -> dict:
     engine_module.freeze_loaded_objects()
     times: dict[str, dict[str, list[float]]] = {k: {"wall_ms": [], "decode_ms": []} for k in ("packed", "scattered")}
     spent: dict[str, float] = collections.defaultdict(float)
     decode = _timed(spent, engine_module.Engine, "_decode", "decode")
     try:
-        for r in range(-1, repeats):  # round -1: untimed
-            for setting in (("packed", "scattered") if r % 2 else ("scattered", "packed")):
-                if setting == "scattered":
-                    engine._pack_slots = lambda: None  # (the instance's: the class's own packs)
-                else:
-                    engine.__dict__.pop("_pack_slots", None)
-                spent.clear()
-                wall = _run_level(engine, prompts, lengths, "none", f"packing-{setting}-{r}")
-                if r >= 0:
-                    times[setting]["wall_ms"].append(1e3 * wall)
-                    times[setting]["decode_ms"].append(1e3 * spent["decode"])
+        for r, setting in _in_turns(repeats, "packed", "scattered"):
+            if setting == "scattered":
+                engine._pack_slots = lambda: None  # (the instance's: the class's own packs)
+            else:
+                engine.__dict__.pop("_pack_slots", None)
+            spent.clear()
+            wall = _run_level(engine, prompts, lengths, "none", f"packing-{setting}-{r}")
+            if r >= 0:
+                times[setting]["wall_ms"].append(1e3 * wall)
+                times[setting]["decode_ms"].append(1e3 * spent["decode"])
     finally:
         engine_module.Engine._decode = decode
         engine.__dict__.pop("_pack_slots", None)
         gc.unfreeze()
-    med = {k: {m: statistics.median(v) for m, v in rows.items()} for k, rows in times.items()}
-    return dict(batch=len(prompts), repeats=repeats, per_repeat=times, median=med,
-                packed_vs_scattered={m: med["packed"][m] / med["scattered"][m] for m in ("wall_ms", "decode_ms")})
+    return dict(batch=len(prompts), repeats=repeats, **_turns_summary(times, "packed", "scattered"))
 
 
 def mixed_prefill(engine: Engine, prompts: list[list[int]], arrivals: list[list[int]], steps: int,
@@ -246,35 +259,32 @@ def mixed_prefill(engine: Engine, prompts: list[list[int]], arrivals: list[list[
     times: dict[str, dict[str, list[float]]] = {k: {"arrival_ms": [], "plain_ms": []} for k in ("mixed", "apart")}
     plain_decoding = SpecParams(method="none")  # (the engine's default is adaptive EAGLE-2)
     try:
-        for r in range(-1, repeats):  # round -1: untimed
-            for setting in (("mixed", "apart") if r % 2 else ("apart", "mixed")):
-                engine.mixed_prefill = setting == "mixed"
-                for i, ids in enumerate(prompts[:-1]):  # (the last slot is the arrivals')
-                    engine.submit(GenerationRequest(f"mixed-{setting}-{r}-{i}", ids, 2 * steps + 8,
-                                                    spec=plain_decoding), lambda o: None)
-                engine.step()  # their prefill
-                engine.step()
-                arrival, plain = [], []
-                for k in range(steps):
-                    engine.submit(GenerationRequest(f"arrival-{setting}-{r}-{k}", arrivals[k % len(arrivals)], 1,
-                                                    spec=plain_decoding), lambda o: None)
-                    for timed in (arrival, plain):
-                        t0 = time.perf_counter()
-                        engine.step()
-                        timed.append(1e3 * (time.perf_counter() - t0))
-                for state in list(engine._running):
-                    engine.cancel(state.req.request_id)
-                engine.step()
-                if r >= 0:
-                    times[setting]["arrival_ms"].append(statistics.median(arrival))
-                    times[setting]["plain_ms"].append(statistics.median(plain))
+        for r, setting in _in_turns(repeats, "mixed", "apart"):
+            engine.mixed_prefill = setting == "mixed"
+            for i, ids in enumerate(prompts[:-1]):  # (the last slot is the arrivals')
+                engine.submit(GenerationRequest(f"mixed-{setting}-{r}-{i}", ids, 2 * steps + 8,
+                                                spec=plain_decoding), lambda o: None)
+            engine.step()  # their prefill
+            engine.step()
+            arrival, plain = [], []
+            for k in range(steps):
+                engine.submit(GenerationRequest(f"arrival-{setting}-{r}-{k}", arrivals[k % len(arrivals)], 1,
+                                                spec=plain_decoding), lambda o: None)
+                for timed in (arrival, plain):
+                    t0 = time.perf_counter()
+                    engine.step()
+                    timed.append(1e3 * (time.perf_counter() - t0))
+            for state in list(engine._running):
+                engine.cancel(state.req.request_id)
+            engine.step()
+            if r >= 0:
+                times[setting]["arrival_ms"].append(statistics.median(arrival))
+                times[setting]["plain_ms"].append(statistics.median(plain))
     finally:
         engine.mixed_prefill = loaded
         gc.unfreeze()
-    med = {k: {m: statistics.median(v) for m, v in rows.items()} for k, rows in times.items()}
-    return dict(decoding=len(prompts) - 1, arrival_tokens=[len(a) for a in arrivals[:steps]], steps=steps, repeats=repeats,
-                per_repeat=times, median=med,
-                mixed_vs_apart={m: med["mixed"][m] / med["apart"][m] for m in ("arrival_ms", "plain_ms")})
+    return dict(decoding=len(prompts) - 1, arrival_tokens=[len(a) for a in arrivals[:steps]], steps=steps,
+                repeats=repeats, **_turns_summary(times, "mixed", "apart"))
 
 
 def _run_level(engine: Engine, prompts: list[list[int]], lengths: list[int], method: str, tag: str) -> float:
@@ -489,9 +499,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "mixed-prefill" in measure:
         report["mixed_prefill"] = mixed_prefill(engine, prompts, level_prompts, args.steps, args.repeats)
         m, ratio = report["mixed_prefill"]["median"], report["mixed_prefill"]["mixed_vs_apart"]
-        print(f"mixed prefill, {args.batch - 1} requests decoding: a step with an arrival {m['mixed']['arrival_ms']:.1f} "
-              f"ms mixed, {m['apart']['arrival_ms']:.1f} ms apart ({ratio['arrival_ms']:.3f}); without one "
-              f"{m['mixed']['plain_ms']:.1f} against {m['apart']['plain_ms']:.1f} ms ({ratio['plain_ms']:.3f})")
+        print(f"mixed prefill, {args.batch - 1} requests decoding: a step with an arrival "
+              f"{m['mixed']['arrival_ms']:.1f} ms mixed, {m['apart']['arrival_ms']:.1f} ms apart "
+              f"({ratio['arrival_ms']:.3f}); without one {m['mixed']['plain_ms']:.1f} against "
+              f"{m['apart']['plain_ms']:.1f} ms ({ratio['plain_ms']:.3f})")
     if "level" in measure:
         methods = tuple(args.level_methods.split(","))
         report["level"] = level(engine, level_prompts, request_lengths(lo, hi, args.batch), args.repeats, methods)
