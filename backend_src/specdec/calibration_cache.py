@@ -40,7 +40,8 @@ OFF = "off"
 # context enter the fingerprint separately; the slots through the KV budget).
 CONFIG_FIELDS = ("speculative_method", "eagle_total_tokens", "eagle_depth", "eagle_top_k", "num_draft_tokens",
                  "adaptive_speculation", "max_tokens_limit", "max_batch_size", "eagle_choices", "medusa_choices",
-                 "eagle_score_temperature", "cuda_graph_mode", "cuda_graph_max_batch_size", "prompt_lookup_tokens")
+                 "eagle_score_temperature", "cuda_graph_mode", "cuda_graph_max_batch_size", "prompt_lookup_tokens",
+                 "keep_host_memory")
 CHECKPOINT_FIELDS = ("base_model_dir", "eagle_dir", "eagle3_dir", "medusa_dir", "draft_model_dir")
 ENGINE_SOURCE = Path(__file__).resolve().parent  # the specdec package
 

@@ -46,6 +46,11 @@ class EngineConfig:
     # every prefill forward runs alone. CUDA graphs (`cuda_graph_mode`) keep prefill
     # apart, since a graph fixes its forward's shapes.
     mixed_prefill: bool = True
+    # CPU: the C allocator keeps the memory a step frees for the next step instead of
+    # returning it to the system (host_memory.py): a step's big tensors (a tree's
+    # full-vocabulary logits, a prompt's activations) then land on pages already mapped,
+    # not on fresh ones the kernel faults in. The process holds its peak host memory.
+    keep_host_memory: bool = True
     # KV-cache budget (memory.py): slots = min(max_batch_size, the ones that fit).
     kv_cache_free_gpu_mem_fraction: float = 0.9  # of the GPU memory free after loading the weights
     kv_cache_max_tokens: int = 0  # 0: no cap; else at most this many KV positions in all slots

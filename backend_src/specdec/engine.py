@@ -35,6 +35,7 @@ import torch
 from .config import EngineConfig
 from .errors import BusyError, ConfigError
 from .graphs import DecodeGraphs
+from .host_memory import keep_freed_memory
 from .kv_cache import AttentionBatch, SlotAllocator
 from .memory import free_device_bytes, kv_budget
 from .models.checkpoint import read_config, torch_dtype
@@ -181,6 +182,8 @@ class Engine:
         # Weights first (caches of one slot), then as many slots as the KV budget allows.
         loaded = load_drafters(config, self.target, self.max_context + 1, slots=1)
         self.drafters = loaded.drafters
+        # CPU: freed host memory kept for the next step (before anything is timed)
+        host_memory = keep_freed_memory() if self.device.type == "cpu" and config.keep_host_memory else None
         # float32 CPU: multi-row matmuls through oneDNN or MKL packs where they measure faster (models/cpu_linear.py)
         self.packed_linears = 0
         self.row_routing: Optional[RowRouting] = None  # the target's
@@ -247,8 +250,8 @@ class Engine:
             routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
             packed = (f"{self.packed_linears} float32 linears can take multi-row inputs through oneDNN or MKL "
                       f"packs (the target, {self.row_routing_source or 'measured at load'}: {routing})")
-        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), attention, graphs, packed,
-                                                 describe(self.policy)]))
+        self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), attention, host_memory, graphs,
+                                                 packed, describe(self.policy)]))
 
     # -- public API ----------------------------------------------------------------------
     def graph_captures(self) -> tuple[int, float]:
