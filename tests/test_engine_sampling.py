@@ -226,3 +226,23 @@ def test_top_k_top_p_over_a_tree_equal_each_node_alone():
         for n in range(5):
             alone = probabilities(logits[b:b + 1, n:n + 1], params.rows(b, b + 1))
             torch.testing.assert_close(probs[b, n], alone[0, 0])
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "top_k": 5}, {"logit_bias": {3: 2.0}},
+                                      {"bad_words": [[4]]}, {"repetition_penalty": 1.3},
+                                      {"min_tokens": 2, "end_id": 1}])
+def test_process_logits_copies_only_what_it_changes(settings):
+    """A batch without bias, bad words, min_tokens or penalties keeps the tree's logits
+    as they are (no copy of [B, N, V] per step); one with any gets a processed copy and
+    the input stays untouched."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 8)
+    before = logits.clone()
+    rows = [LogitsRow(request([5, 6], 4, rid="plain"), [5, 6], 0),
+            LogitsRow(request([5, 6], 4, rid="set", **settings), [5, 6, 4], 1)]
+    out = process_logits(logits, rows, torch.zeros(2, 3, dtype=torch.long))
+    assert torch.equal(logits, before)
+    changes = any(k in settings for k in ("logit_bias", "bad_words", "repetition_penalty", "min_tokens"))
+    assert (out is logits) == (not changes)
+    assert torch.equal(out[0], before[0])
+    assert torch.equal(out[1], before[1]) == (not changes)

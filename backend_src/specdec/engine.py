@@ -722,14 +722,15 @@ class Engine:
         sampled = [b for b, s in enumerate(states) if not s.req.sampling.greedy]
         if greedy:
             g = to_device(greedy, dev)
-            argmax = logits[g].argmax(-1)
+            greedy_logits = logits if len(greedy) == B else logits[g]  # (a gather copies [G, N, V])
+            argmax = greedy_logits.argmax(-1)
             if N == 1:
                 bonus[g] = argmax[:, 0]
             else:
                 r = verify_greedy(cand[g], parents[g], num_nodes[g], argmax)
                 accept_len[g], accepted[g], bonus[g] = r.accept_len, r.accepted_nodes, r.bonus_token
             if log_dist is not None:
-                log_dist[g] = torch.log_softmax(logits[g], -1)
+                log_dist[g] = torch.log_softmax(greedy_logits, -1)
         # Requests whose drafter sampled its proposals pass draft_probs; the others were
         # proposed deterministically (top-k), which verification treats as one-hot.
         for with_q in (False, True):

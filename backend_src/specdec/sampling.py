@@ -41,11 +41,21 @@ def needs_plain_steps(req: GenerationRequest) -> bool:
     return req.sampling.has_penalties or any(len(w) > 1 for w in req.bad_words)
 
 
+def _processed(req) -> bool:
+    """Whether `process_logits` changes anything of this request's rows."""
+    return bool(req.bad_words or req.logit_bias or (req.end_id is not None and req.sampling.min_tokens > 0)
+                or req.sampling.has_penalties)
+
+
 def process_logits(logits: torch.Tensor, rows: list[LogitsRow], depth: torch.Tensor) -> torch.Tensor:
     """logits: [B, N, V] float32 (row b, node n = distribution after node n);
-    depth: [B, N] int64 node depths. Returns processed logits (new tensor)."""
+    depth: [B, N] int64 node depths. Returns the processed logits: a new tensor, or
+    `logits` itself where no row asks for any processing (no copy of a tree's
+    full-vocabulary logits per step)."""
     B, N, V = logits.shape
     assert len(rows) == B and depth.shape == (B, N), (len(rows), depth.shape)
+    if not any(_processed(row.request) for row in rows):
+        return logits
     out = logits.clone()
     for b, row in enumerate(rows):
         req = row.request

@@ -7,7 +7,8 @@
 The setting changes the C allocator of the whole process, so each run is a process of
 its own (this script with `--worker`), the two settings taking turns `--repeats` times
 on the shipped family (float32, adaptive speculation off, `--tree`-node EAGLE trees).
-A worker loads the engine, then per level of `--levels` (`method:batch`; `prefill:N`
+A worker loads the engine in a thread of its own, as `Engine.launch` does for a server
+(glibc gives each thread its own arena), then per level of `--levels` (`method:batch`; `prefill:N`
 is an N-token prompt prefilled whole into an idle engine) submits `batch` MT-bench
 first turns (chat template), steps `--warm-steps` steps, then times `--steps` steps:
 ms per step and minor page faults per step (getrusage). Its peak resident memory is
@@ -23,6 +24,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -118,8 +120,14 @@ def main(argv=None) -> None:
     p.add_argument("--report-json", type=Path)
     p.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        print("RESULT " + json.dumps(worker(args)), flush=True)
+    if args.worker:  # in a thread of its own, where `Engine.launch` loads and steps a served engine
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(worker(args)))
+        thread.start()
+        thread.join()
+        if not result:
+            raise SystemExit("the worker failed")
+        print("RESULT " + json.dumps(result), flush=True)
         return
 
     from bench import machine_info
