@@ -28,7 +28,9 @@ from typing import Optional
 
 # mallopt(3) parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
 M_MMAP_MAX = -4
+THREAD_HEAP = 64 * 2**20  # glibc's largest heap of a thread's arena (64-bit)
 LARGEST_INT = 2**31 - 1  # mallopt takes an int
 
 
@@ -50,6 +52,7 @@ def keep_freed_memory() -> Optional[str]:
     if libc is None:
         return None
     libc.malloc_trim(0)  # what loading left free goes back first
-    if libc.mallopt(M_MMAP_MAX, 0) != 1 or libc.mallopt(M_TRIM_THRESHOLD, LARGEST_INT) != 1:
+    if (libc.mallopt(M_MMAP_MAX, 0) != 1 or libc.mallopt(M_TRIM_THRESHOLD, LARGEST_INT) != 1
+            or libc.mallopt(M_TOP_PAD, THREAD_HEAP) != 1):
         return None
     return "host memory freed by a step kept for the next (glibc: no mmap, no heap trimming)"

@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
 sys.path.insert(0, str(REPO / "tools"))
 
+from family import FAMILY_DIR  # noqa: E402
+
 SETTINGS = ("kept", "returned")  # keep_host_memory true / false
 DEFAULT_LEVELS = "none:1,none:16,none:32,eagle2:1,eagle2:8,eagle3:16,eagle2:32,prefill:1536"
 
@@ -48,12 +50,11 @@ def worker(args) -> dict:
 
     from bench import encode_question
     from dataset_converter import first_turns, question_set_path, read_question_set
-    from family import FAMILY_DIR
     from specdec.config import EngineConfig
     from specdec.engine import Engine
     from specdec.request import GenerationRequest, SpecParams
 
-    f = FAMILY_DIR
+    f = args.family
     tokenizer = AutoTokenizer.from_pretrained(str(f / "base"), local_files_only=True)
     questions = first_turns(read_question_set(question_set_path("mt_bench")))
     levels = [(m, int(n)) for m, n in (level.split(":") for level in args.levels.split(","))]
@@ -110,6 +111,7 @@ def worker(args) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", type=Path, default=FAMILY_DIR)
     p.add_argument("--levels", default=DEFAULT_LEVELS, help="method:batch, comma separated (prefill:N tokens)")
     p.add_argument("--tree", type=int, default=16, help="EAGLE-2/3 tree size (nodes, root included)")
     p.add_argument("--warm-steps", type=int, default=4)
@@ -132,8 +134,8 @@ def main(argv=None) -> None:
 
     from bench import machine_info
 
-    forwarded = ["--levels", args.levels, "--tree", str(args.tree), "--warm-steps", str(args.warm_steps),
-                 "--steps", str(args.steps), "--max-tokens", str(args.max_tokens)]
+    forwarded = ["--family", str(args.family), "--levels", args.levels, "--tree", str(args.tree),
+                 "--warm-steps", str(args.warm_steps), "--steps", str(args.steps), "--max-tokens", str(args.max_tokens)]
     runs = []
     for repeat in range(args.repeats):
         for setting in (SETTINGS if repeat % 2 == 0 else SETTINGS[::-1]):
