@@ -26,15 +26,15 @@ import json, resource, sys, torch
 sys.path.insert(0, sys.argv[1])
 from specdec.host_memory import keep_freed_memory
 note = keep_freed_memory() if sys.argv[2] == "keep" else None
-def round():
+def one_round():
     torch.ones(12 * 2**20).sum()  # freed below a small block (mmap's case)
     x = torch.ones(12 * 2**20)
     del x  # freed at the heap's top (trimming's case)
 for _ in range(12):  # the heap grows until the round's blocks fit in what earlier rounds freed
-    round()
+    one_round()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(20):
-    round()
+    one_round()
 print(json.dumps({"note": note, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
 """
 PAGES = 48 * 2**20 // 4096  # one tensor's 4 KB pages

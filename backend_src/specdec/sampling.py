@@ -41,8 +41,9 @@ def needs_plain_steps(req: GenerationRequest) -> bool:
     return req.sampling.has_penalties or any(len(w) > 1 for w in req.bad_words)
 
 
-def _processed(req) -> bool:
-    """Whether `process_logits` changes anything of this request's rows."""
+def _processed(req: GenerationRequest) -> bool:
+    """Whether `process_logits` changes anything of this request's rows (every
+    processing step of its loop has its condition here)."""
     return bool(req.bad_words or req.logit_bias or (req.end_id is not None and req.sampling.min_tokens > 0)
                 or req.sampling.has_penalties)
 
@@ -57,7 +58,7 @@ def process_logits(logits: torch.Tensor, rows: list[LogitsRow], depth: torch.Ten
     if not any(_processed(row.request) for row in rows):
         return logits
     out = logits.clone()
-    for b, row in enumerate(rows):
+    for b, row in enumerate(rows):  # (a step added here adds its condition to `_processed`)
         req = row.request
         banned = [w[0] for w in req.bad_words if len(w) == 1]
         for w in req.bad_words:
