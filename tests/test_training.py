@@ -452,3 +452,25 @@ def _answers(path: Path) -> list[list[int]]:
     """Each conversation's answer tokens, in file order."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [r["input_ids"][r["prompt_len"]:] for r in rows]
+
+
+def test_the_heads_record_what_share_of_held_out_answers_each_vocabulary_holds(run):
+    """A drafter cannot propose a token outside its vocabulary, so training records the share
+    of held-out answer tokens in EAGLE-1's training vocabulary and in EAGLE-3's draft
+    vocabulary: the shares recounted here from the data and the saved files."""
+    tmp, family, _, _ = run
+    data = _conversations(tmp / "covered.jsonl", 60, seed=7)  # 60: one is held out
+    out = tmp / "covered"
+    train_heads.main(["--base", str(family / "base"), "--data", str(data), "--work", str(tmp / "work_covered"),
+                      "--seed", "0", "--out", str(out), "--epochs", "0.2", "--batch-tokens", "256",
+                      "--medusa-heads", "0", "--draft-vocab", "64", "--train-vocab", "256"])
+    meta = json.loads((out / "eagle3" / "training.json").read_text())
+    held_out = _answers(data)[HOLDOUT_EVERY - 1]
+    d2t = load_file(str(out / "eagle3" / "model.safetensors"))["d2t"].long()
+    draft_vocab = set((d2t + torch.arange(len(d2t))).tolist())
+    train_vocab = set(load_file(str(out / "eagle" / DRAFT_VOCAB_FILE))["token_ids"].tolist())
+    share = lambda vocab: round(sum(t in vocab for t in held_out) / len(held_out), 4)  # noqa: E731
+    covered = meta["holdout_vocabulary_coverage"]
+    assert covered == {"train_vocab": share(train_vocab), "draft_vocab": share(draft_vocab),
+                       "draft_vocab_self_distilled": share(draft_vocab)}
+    assert 0 < covered["draft_vocab"] < covered["train_vocab"] < 1  # the smaller vocabulary holds fewer

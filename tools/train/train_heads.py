@@ -413,10 +413,14 @@ def main(argv: list[str] | None = None) -> None:
                   else frequent_tokens(ds, ds.train, args.train_vocab))
     draft_ids = (initial_draft_vocabulary(args.init) if args.init and eagle
                  else frequent_tokens(ds, ds.train, args.draft_vocab))
+    # the shares of held-out answer tokens each vocabulary holds: a drafter cannot propose the others
+    covered = dict(train_vocab=round(coverage(ds, ds.holdout, train_rows), 4),
+                   draft_vocab=round(coverage(ds, ds.holdout, draft_ids), 4),
+                   draft_vocab_self_distilled=round(coverage(ds, ds.self_distilled(ds.holdout), draft_ids), 4))
     print(f"train: {len(ds.train)} conversations, {fs.answer_tokens(ds.train)} answer tokens; holdout "
-          f"{len(ds.holdout)}; train vocabulary covers {coverage(ds, ds.holdout, train_rows):.3f} and the draft "
-          f"vocabulary {coverage(ds, ds.holdout, draft_ids):.3f} of held-out answer tokens (of the self-distilled "
-          f"ones {coverage(ds, ds.self_distilled(ds.holdout), draft_ids):.3f})", flush=True)
+          f"{len(ds.holdout)}; train vocabulary covers {covered['train_vocab']:.3f} and the draft "
+          f"vocabulary {covered['draft_vocab']:.3f} of held-out answer tokens (of the self-distilled "
+          f"ones {covered['draft_vocab_self_distilled']:.3f})", flush=True)
 
     heads = Heads(base, base_cfg, draft_ids, args.medusa_heads)
     if args.init:
@@ -486,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
                 draft_vocab=args.draft_vocab, train_vocab=args.train_vocab, noise=args.noise,
                 overlap=ds.overlap.summary(), init=str(args.init) if args.init else None,
                 answer_tokens_this_run=seen - start_tokens,
-                holdout_top1_before=initial, holdout_top1_after=final)
+                holdout_vocabulary_coverage=covered, holdout_top1_before=initial, holdout_top1_after=final)
     if eagle:
         save_heads(heads, base_cfg, base.shape, args.out, meta, train_rows)
     else:
