@@ -9,7 +9,7 @@ states and, when asked, the inputs of chosen layers (EAGLE-3's low/mid/high feat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -75,11 +75,18 @@ class LlamaModel(nn.Module):
         aux [B, T, len(aux_layers) * H] = inputs of those layers, or None)."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        return self._decoder(x, lambda layer, h, i: layer(h, cos, sin, batch.mask, cache, i, batch), aux_layers)
+
+    def _decoder(self, x: torch.Tensor, run_layer: Callable[[nn.Module, torch.Tensor, int], torch.Tensor],
+                 aux_layers: Sequence[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x [..., H] through every decoder layer (`run_layer(layer, x, index)`) and the final
+        norm. Returns (hidden [..., H], the inputs of `aux_layers` concatenated [..., len * H]
+        or None)."""
         aux: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in aux_layers:
                 aux[i] = x
-            x = layer(x, cos, sin, batch.mask, cache, i, batch)
+            x = run_layer(layer, x, i)
         feats = torch.cat([aux[i] for i in aux_layers], dim=-1) if aux_layers else None
         return self.model.norm(x), feats
 
@@ -100,13 +107,7 @@ class LlamaModel(nn.Module):
             cos, sin = rope_tables(self.inv_freq, positions, dtype)
             blocks.append(ForwardPart(tuple(ids.shape), cos, sin, batch))
         x = self.model.embed_tokens(torch.cat([ids.reshape(-1) for ids, _, _ in parts]))  # [R, H]
-        aux: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
-            if i in aux_layers:
-                aux[i] = x
-            x = layer.forward_parts(x, blocks, cache, i)
-        hidden = self.model.norm(x)
-        feats = torch.cat([aux[i] for i in aux_layers], dim=-1) if aux_layers else None
+        hidden, feats = self._decoder(x, lambda layer, h, i: layer.forward_parts(h, blocks, cache, i), aux_layers)
         out, start = [], 0
         for block in blocks:
             B, T = block.shape
