@@ -185,8 +185,8 @@ def test_committed_conversations_unpack_to_what_packs_to_them_again(tmp_path):
 def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
     """Each later round's committed conversations follow the earlier ones' indexes without
     reusing one: round 5's 2,320 of indexes 1,488-3,907 (the writing was stopped with its
-    last batch in flight), as train_family.sh's comment and the model card say; round 6's
-    and round 9's after them."""
+    last batch in flight), as train_family.sh's comment and the model card say; round 6's,
+    round 9's and round 10's after them."""
     import lzma
     first = {json.loads(line)["index"] for line in lzma.decompress(COMMITTED_DATA.read_bytes()).splitlines()}
     round5_file = COMMITTED_DATA.with_name("self_distill_round5.jsonl.xz")
@@ -208,6 +208,11 @@ def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
     assert len(indexes) == len(set(indexes)) == 1968
     assert (min(indexes), max(indexes)) == (6044, 8043)
     assert {r["kind"] for r in round9} == {"steered", "code"}
+    # Round 10's: 1,600 more steered or code requests, indexes 8,044-9,643, none missing.
+    round10 = [json.loads(line) for line in
+               lzma.decompress(COMMITTED_DATA.with_name("self_distill_round10.jsonl.xz").read_bytes()).splitlines()]
+    assert sorted(r["index"] for r in round10) == list(range(8044, 9644))
+    assert {r["kind"] for r in round10} == {"steered", "code"}
 
 
 @pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
