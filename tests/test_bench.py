@@ -198,7 +198,8 @@ def test_eval_family_tiny(tmp_path, capsys):
         assert all(r[f"{m}_{s}"] >= 1.0 for m in ("eagle2", "eagle3") for s in ("mt_bench", "humaneval"))
     text = card.read_text()
     assert "\nold\n" not in text and text.endswith("after\n")
-    for part in ("### What the target answers", "### Learning curve", "| 500 |", "| 1,000 |", "(shipped)",
+    assert data["shipped_tokens"] == eval_family.shipped_tokens()  # the committed heads' training records
+    for part in ("### What the target answers", "### Learning curve", "| 500 |", "| 1,000 |",
                  "python tools/bench/eval_family.py --family"):
         assert part in text
     # a later round on another machine: the earlier points come from the report, first, with their date
@@ -224,6 +225,27 @@ def test_eval_family_tiny(tmp_path, capsys):
     assert sorted(k for k in row if k.startswith("eagle")) == ["eagle2_gsm8k", "eagle2_held_out", "eagle3_gsm8k",
                                                                "eagle3_held_out"]
     assert "| EAGLE-2 GSM8K | EAGLE-2 held_out | EAGLE-3 GSM8K | EAGLE-3 held_out |" in card.read_text()
+
+
+def test_the_learning_curve_marks_the_points_whose_heads_are_shipped():
+    """A round may ship one head and keep the other's earlier round: each of this run's
+    points says which committed heads it holds; an earlier report's points say nothing."""
+    shipped = {"eagle2": 100, "eagle3": 200}
+
+    def label(tokens, shipped=shipped, **row):
+        return eval_family.shipped_label({"answer_tokens": tokens, "final": False, **row}, shipped)
+
+    assert label(100) == " (EAGLE-2's shipped)"
+    assert label(200, final=True) == " (EAGLE-3's shipped)"
+    assert label(300, final=True) == ""
+    assert label(200, shipped={"eagle2": 200, "eagle3": 200}) == " (shipped)"
+    assert label(100, measured="2026-11-27") == ""  # an earlier report's point
+    assert label(100, shipped=None, final=True) == " (shipped)"  # a report written before shipped_tokens
+    card = eval_family.card_section({"date": "d", "command": "c", "machine": {}, "answer_tokens": 8, "answers": [],
+                                     "questions": 1, "curve_tokens": 8, "shipped_tokens": shipped,
+                                     "learning_curve": [{"answer_tokens": 200, "final": True, "equal_to_plain": True,
+                                                         "eagle2_mt_bench": 1.5, "eagle3_mt_bench": 1.75}]})
+    assert "| 200 (EAGLE-3's shipped) | 1.50 | 1.75 |" in card
 
 
 def test_same_as_names_where_each_differing_output_first_leaves_the_reference():

@@ -12,7 +12,9 @@ hand:
   (first turn, chat template; `--curve-sets` names other sets or question files, such as
   the held-out ones in docs/bench/), batched together. Greedy outputs are checked against
   plain decoding. `--earlier` keeps the points of a previous report whose snapshots are
-  gone (an earlier round, trained on another machine) in front of the new ones.
+  gone (an earlier round, trained on another machine) in front of the new ones. A point
+  of this run says which committed heads it holds ("shipped", or one head's name when a
+  round shipped one head and kept the other's earlier one).
 The speed of every method, against plain decoding and `transformers`, is
 `tools/bench/bench.py`'s job (docs/benchmarks.md).
 
@@ -115,6 +117,29 @@ def learning_curve(family: Path, snapshots: list[Path], prompts: dict, new_token
     return rows
 
 
+def shipped_tokens(committed: Path = COMMITTED_DIR) -> dict:
+    """The answer tokens each committed head was trained on ({"eagle2": EAGLE-1's head,
+    "eagle3": EAGLE-3's}): a round may ship one head and keep the other's earlier round."""
+    out = {}
+    for method, head in (("eagle2", "eagle"), ("eagle3", "eagle3")):
+        record = committed / head / "training.json"
+        if record.is_file():
+            out[method] = json.loads(record.read_text()).get("answer_tokens_seen")
+    return out
+
+
+def shipped_label(row: dict, shipped: dict | None) -> str:
+    """" (shipped)" where this run's point holds every committed head, " (EAGLE-3's
+    shipped)" where only one; points of earlier reports and reports without
+    `shipped_tokens` keep their `final` flag."""
+    if shipped is None or "measured" in row:
+        return " (shipped)" if row["final"] else ""
+    heads = [m for m in ("eagle2", "eagle3") if shipped.get(m) == row["answer_tokens"]]
+    if not heads:
+        return ""
+    return " (shipped)" if len(heads) == len(shipped) else f" ({heads[0].replace('eagle', 'EAGLE-')}'s shipped)"
+
+
 def card_section(report: dict) -> str:
     lines = [CARD_BEGIN, "",
              f"Measured {report['date']} by `{report['command']}` on {report['machine'].get('cpu', 'CPU')} "
@@ -138,7 +163,8 @@ def card_section(report: dict) -> str:
               "| --- |" + " --- |" * (2 * len(names))]
     for r in report["learning_curve"]:
         label = (f"{r['answer_tokens']:,}" if r["answer_tokens"] is not None else "?") + \
-            (" (shipped)" if r["final"] else "") + (f" (measured {r['measured']})" if "measured" in r else "")
+            shipped_label(r, report.get("shipped_tokens")) + \
+            (f" (measured {r['measured']})" if "measured" in r else "")
         cells = [f"{r[f'{m}_{n}']:.2f}" if f"{m}_{n}" in r else "-" for m in ("eagle2", "eagle3") for n in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     equal = all(r["equal_to_plain"] for r in report["learning_curve"])
@@ -185,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     report = dict(tool="tools/bench/eval_family.py",
                   command=" ".join(["python", "tools/bench/eval_family.py", *(argv if argv is not None else sys.argv[1:])]),
                   date=datetime.date.today().isoformat(), machine=machine_info("cpu"), answer_tokens=args.answer_tokens,
-                  questions=args.questions, curve_tokens=args.curve_tokens, answers=answers, learning_curve=curve)
+                  questions=args.questions, curve_tokens=args.curve_tokens, answers=answers, learning_curve=curve,
+                  shipped_tokens=shipped_tokens())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -33,12 +33,16 @@
 #   (--medusa-only, 1,841 steps, ~28 minutes); the draft model is trained anew from the
 #   target's first two layers for one epoch (1,360 steps, 53 minutes). Both write the
 #   same 8,192-token draft_vocab.safetensors as EAGLE-1's.
-# - round 9 (the shipped EAGLE heads): on from round 7's, 0.8 epochs over 2,000 more
+# - round 9 (the shipped EAGLE-1/2 head): on from round 7's, 0.8 epochs over 2,000 more
 #   self-distilled conversations whose user turns go on from an opener (self_distill.py
 #   --steered, indexes 6,044-8,043; committed), with round 6's conversations and the
 #   library functions of even index and the documentation replayed (the features of those
 #   1.31 M tokens 40 minutes, 757 steps 33 minutes); --keep-train-vocab keeps the drafting
 #   vocabulary Medusa's heads and the draft model share.
+# - round 10 (the shipped EAGLE-3 head; EAGLE-1/2's stays round 9's): on from round 9's, 0.8
+#   epochs over 1,600 more steered conversations (indexes 8,044-9,643; committed) with round
+#   9's, the documentation and a quarter of the library functions replayed (the features of
+#   those ~1.2 M tokens about 26 minutes, 736 steps 22 minutes, on a 2-core AMD EPYC VM).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/setup_env.sh
@@ -113,19 +117,35 @@ $PY tools/train/train_draft.py --base "$BASE" \
     --batch-tokens 2048 --seed 0
 # 7. round 9: the EAGLE heads on from round 7's over steered self-distilled conversations,
 #    half of the earlier ones replayed (every_second: the conversations of even index)
-every_second() {
+every_nth() {  # every_nth IN OUT N R: the conversations of IN whose index is R modulo N
   $PY -c 'import json, sys
+n, r = int(sys.argv[3]), int(sys.argv[4])
 with open(sys.argv[2], "w") as out:
     for line in open(sys.argv[1]):
-        if line.strip() and json.loads(line)["index"] % 2 == 0:
-            out.write(line)' "$1" "$2"
+        if line.strip() and json.loads(line)["index"] % n == r:
+            out.write(line)' "$1" "$2" "$3" "$4"
 }
+every_second() { every_nth "$1" "$2" 2 0; }
 ROUND9=.cache/data/self_distill_round9.jsonl
 later_round "$ROUND9" 6044 8044 --steered
 every_second "$ROUND6" .cache/data/self_distill_round6_even.jsonl
 every_second .cache/data/local_code.jsonl .cache/data/local_code_even.jsonl
 $PY tools/train/train_heads.py --base "$BASE" \
     --data .cache/data/local_text.jsonl .cache/data/local_code_even.jsonl .cache/data/self_distill_round6_even.jsonl \
-    "$ROUND9" --out "$OUT" --work .cache/train/round9_work --features .cache/train/heads/features \
+    "$ROUND9" --out .cache/train/round9 --work .cache/train/round9_work --features .cache/train/heads/features \
     --init .cache/train/round7 --keep-train-vocab --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 \
     --snapshots 4752430 --seed 0
+cp .cache/train/round9/eagle/* "$OUT/eagle/"  # the shipped EAGLE-1/2 head; round 10 ships EAGLE-3's
+# 8. round 10: the EAGLE heads on from round 9's over 1,600 more steered conversations
+#    (indexes 8,044-9,643; 9,644 and up are unused), with round 9's conversations, the
+#    documentation and a quarter of the library functions (index 1 modulo 4) replayed. Only
+#    its EAGLE-3 head is shipped (the model card says why).
+ROUND10=.cache/data/self_distill_round10.jsonl
+later_round "$ROUND10" 8044 9644 --steered
+every_nth .cache/data/local_code.jsonl .cache/data/local_code_quarter.jsonl 4 1
+$PY tools/train/train_heads.py --base "$BASE" \
+    --data .cache/data/local_text.jsonl .cache/data/local_code_quarter.jsonl "$ROUND9" "$ROUND10" \
+    --out .cache/train/round10 --work .cache/train/round10_work --features .cache/train/heads/features \
+    --init .cache/train/round9 --keep-train-vocab --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 \
+    --snapshots 5500000 --seed 0
+cp .cache/train/round10/eagle3/* "$OUT/eagle3/"
