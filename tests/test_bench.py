@@ -227,6 +227,25 @@ def test_eval_family_tiny(tmp_path, capsys):
     assert "| EAGLE-2 GSM8K | EAGLE-2 held_out | EAGLE-3 GSM8K | EAGLE-3 held_out |" in card.read_text()
 
 
+def test_the_learning_curve_refuses_heads_of_two_rounds(tmp_path, capsys):
+    """The last point stands at its heads' answer tokens: heads trained on different counts
+    (the shipped family once a round shipped one head) are refused before any model loads,
+    and a round's own output folder (`--heads`) gives the point its count."""
+    heads = tmp_path / "round"
+    for head, tokens in (("eagle", 100), ("eagle3", 200)):
+        shutil.copytree(FAMILY / head, heads / head)
+        (heads / head / "training.json").write_text(json.dumps({"answer_tokens_seen": tokens}))
+    with pytest.raises(SystemExit, match="EAGLE-1 head .* 100 answer tokens and its EAGLE-3 head on 200"):
+        eval_family.main(["--family", str(FAMILY), "--heads", str(heads), "--snapshots", str(tmp_path / "none")])
+    assert eval_family.heads_answer_tokens(FAMILY) is None  # no record: the card prints "?"
+    (heads / "eagle3" / "training.json").write_text(json.dumps({"answer_tokens_seen": 100}))
+    assert eval_family.heads_answer_tokens(heads) == 100
+    committed = eval_family.shipped_tokens()
+    if len(set(committed.values())) > 1:  # the shipped family mixes rounds (the committed records stand for it)
+        with pytest.raises(SystemExit, match="one learning-curve point cannot stand at both"):
+            eval_family.heads_answer_tokens(eval_family.FAMILY_DIR)
+
+
 def test_the_learning_curve_marks_the_points_whose_heads_are_shipped():
     """A round may ship one head and keep the other's earlier round: each of this run's
     points says which committed heads it holds; an earlier report's points say nothing."""

@@ -12,13 +12,17 @@ hand:
   (first turn, chat template; `--curve-sets` names other sets or question files, such as
   the held-out ones in docs/bench/), batched together. Greedy outputs are checked against
   plain decoding. `--earlier` keeps the points of a previous report whose snapshots are
-  gone (an earlier round, trained on another machine) in front of the new ones. A point
-  of this run says which committed heads it holds ("shipped", or one head's name when a
-  round shipped one head and kept the other's earlier one).
+  gone (an earlier round, trained on another machine) in front of the new ones. The
+  last point is the family's own heads or `--heads` (a round's `train_heads.py --out`
+  folder); heads from two rounds (the shipped family, once a round shipped one head)
+  are refused, since one point cannot stand at two token counts. A point of this run
+  says which committed heads it holds ("shipped", or one head's name when a round
+  shipped one head and kept the other's earlier one).
 The speed of every method, against plain decoding and `transformers`, is
 `tools/bench/bench.py`'s job (docs/benchmarks.md).
 
-    python tools/bench/eval_family.py --snapshots .cache/train/heads/snapshots \\
+    python tools/bench/eval_family.py --snapshots .cache/train/round10_work/snapshots \\
+        --heads .cache/train/round10 --earlier docs/bench/family.json \\
         --json docs/bench/family.json --model-card checkpoints/smollm2-135m-instruct/MODEL_CARD.md
 """
 from __future__ import annotations
@@ -90,20 +94,39 @@ def earlier_points(report: Path) -> list[dict]:
             for row in previous["learning_curve"]]
 
 
+def heads_answer_tokens(heads: Path) -> int | None:
+    """The answer tokens the EAGLE heads under `heads` (eagle/, eagle3/) were trained on
+    (their `training.json`; the assembled family's heads have none, and the committed
+    ones stand for them), None where no head records it. Exits where the two heads record
+    different counts (the shipped family, once a round shipped one head): one
+    learning-curve point cannot stand at both."""
+    seen = {}
+    for head in ("eagle", "eagle3"):
+        records = [heads / head / "training.json"]
+        if heads.resolve() == FAMILY_DIR.resolve():
+            records.append(COMMITTED_DIR / head / "training.json")
+        record = next((r for r in records if r.is_file()), None)
+        if record is not None:
+            seen[head] = json.loads(record.read_text()).get("answer_tokens_seen")
+    if len(set(seen.values())) > 1:
+        raise SystemExit(f"eval_family: the EAGLE-1 head under {heads} was trained on {seen['eagle']:,} answer tokens and "
+                         f"its EAGLE-3 head on {seen['eagle3']:,}; one learning-curve point cannot stand at both. "
+                         "Pass --heads one round's train_heads.py --out folder (e.g. .cache/train/round10).")
+    return next(iter(seen.values()), None)
+
+
 def learning_curve(family: Path, snapshots: list[Path], prompts: dict, new_tokens: int, end_id: int,
-                   max_seq_len: int) -> list[dict]:
+                   max_seq_len: int, final_heads: Path, final_tokens: int | None) -> list[dict]:
+    """One row per snapshot (by answer tokens), then `final_heads` (at `final_tokens`): the
+    family's heads, or a round's output."""
     points = sorted((int(p.name), p) for folder in snapshots if folder.is_dir()
                     for p in folder.iterdir() if p.name.isdigit())
-    # the assembled family's heads have no training.json: the committed ones record it
-    records = [d / "eagle" / "training.json" for d in (family, COMMITTED_DIR)]
-    record = next((r for r in records if r.is_file()), None)
-    final = json.loads(record.read_text()).get("answer_tokens_seen") if record else None
-    points.append((final, family))
+    points.append((final_tokens, final_heads))
     rows, reference = [], {}
     batch = max(len(p) for p in prompts.values())
     for tokens, where in points:
         engine = engine_for(family, where / "eagle", where / "eagle3", batch, max_seq_len)
-        row = {"answer_tokens": tokens, "final": where == family}
+        row = {"answer_tokens": tokens, "final": where == final_heads}
         for name, ps in prompts.items():
             if name not in reference:
                 reference[name], _ = run(engine, ps, new_tokens, "none", end_id)
@@ -178,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", type=Path, default=FAMILY_DIR)
     ap.add_argument("--snapshots", type=Path, nargs="+", default=[REPO / ".cache" / "train" / "heads" / "snapshots"],
                     help="folders of train_heads.py --snapshots (several: the rounds, one after another)")
+    ap.add_argument("--heads", type=Path, help="the last point's eagle/ and eagle3/ heads: a round's "
+                    "train_heads.py --out folder (default: the family's own, which must come from one round)")
     ap.add_argument("--questions", type=int, default=6, help="questions per set for the learning curve")
     ap.add_argument("--curve-tokens", type=int, default=64)
     ap.add_argument("--curve-sets", nargs="+", default=list(CURVE_SETS),
@@ -191,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
+    final_heads = args.heads or args.family
+    final_tokens = heads_answer_tokens(final_heads)  # before any model loads: it may refuse them
     tok = AutoTokenizer.from_pretrained(str(args.family / "base"))
     end_id = tok.eos_token_id
     firsts = {name: first_turns(read_question_set(question_set_path(name))) for name in SETS}
@@ -205,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         name, path = curve_set(spec)
         questions = firsts[name] if name in firsts else first_turns(read_question_set(path))
         curve_prompts[name] = [encode_question(tok, q, "on") for q in questions[: args.questions]]
-    curve = learning_curve(args.family, args.snapshots, curve_prompts, args.curve_tokens, end_id, args.max_seq_len)
+    curve = learning_curve(args.family, args.snapshots, curve_prompts, args.curve_tokens, end_id, args.max_seq_len,
+                           final_heads, final_tokens)
     if args.earlier:
         curve = earlier_points(args.earlier) + curve
     report = dict(tool="tools/bench/eval_family.py",
