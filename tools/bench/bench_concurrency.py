@@ -25,7 +25,9 @@ Levels run in increasing order; within a level the configurations take turns, so
 drifting machine does not favour one of them. `--repeats R` runs each level R times
 (the configurations' order rotating each time); the table then gives each
 configuration's median tok/s and each ratio's median over the repeats, with its
-range, because one run's ratio on a shared machine moves by tens of percent.
+range, because one run's ratio on a shared machine moves by tens of percent; from 6
+repeats on, also a 95 % confidence interval of that median (order statistics, which
+assume nothing of the machine's noise but that repeats are independent).
 
 Configurations (`--configs`): `plain` (method none), a method name (`eagle2`: the
 engine with adaptive speculation on), and `<eagle2|eagle3>-fixed`: adaptive
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import random
@@ -362,10 +365,30 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> Optional[tuple[float, float, float]]:
+    """A distribution-free confidence interval for the median of `values`: the k-th
+    smallest and k-th largest value, with k the largest for which a Binomial(n, 1/2) draw
+    falls below k with probability at most (1 - confidence) / 2 (each value lies above
+    the median with probability one half, whatever the distribution). Returns (low, high,
+    the interval's exact coverage), or None where n is too small (fewer than 6 values
+    for 95 %)."""
+    n, ordered = len(values), sorted(values)
+    tail, k = 0.0, 0  # tail: P(Binomial(n, 1/2) < k + 1)
+    while True:
+        tail_next = tail + math.comb(n, k) / 2 ** n
+        if tail_next > (1 - confidence) / 2:
+            break
+        tail, k = tail_next, k + 1
+    if k == 0:
+        return None
+    return ordered[k - 1], ordered[n - k], 1 - 2 * tail
+
+
 def level_summary(points: list[Point], configs: list[BenchConfig], level: int) -> dict:
     """At one concurrency, over the repeats: each configuration's median tok/s, pooled
     latencies and τ, and each ratio to the first configuration within the same repeat
-    (median, min, max)."""
+    (median, min, max, and a 95 % confidence interval of the median from 6 repeats on:
+    `median_interval`)."""
     out: dict = {}
     ref = configs[0].label
     for c in configs:
@@ -383,13 +406,17 @@ def level_summary(points: list[Point], configs: list[BenchConfig], level: int) -
             ratios = sorted(p.tokens_per_s / base[p.repeat] for p in mine if p.repeat in base)
             if ratios:
                 row.update(ratio=_median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1])
+                interval = median_interval(ratios)
+                if interval is not None:
+                    row.update(ratio_ci95_low=interval[0], ratio_ci95_high=interval[1], ratio_ci_coverage=interval[2])
         out[c.label] = row
     return out
 
 
 def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
     """One row per concurrency; per configuration tok/s and latency, plus speedups over
-    the first (medians over repeats, with their range when there are several)."""
+    the first (medians over repeats, with their range when there are several and the
+    median's 95 % confidence interval from 6 on)."""
     header = ["conc"]
     for c in configs:
         header += [f"{c.label} tok/s", "lat avg/p50/p90 s", "τ"]
@@ -410,6 +437,9 @@ def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
             p = by.get(c.label) or {}
             if "ratio" not in p:
                 row.append("-")
+            elif "ratio_ci95_low" in p:
+                row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f}; median's 95 % CI "
+                           f"{p['ratio_ci95_low']:.2f}-{p['ratio_ci95_high']:.2f})")
             elif p["repeats"] > 1:
                 row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f})")
             else:
