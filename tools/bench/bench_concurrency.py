@@ -437,11 +437,10 @@ def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
             p = by.get(c.label) or {}
             if "ratio" not in p:
                 row.append("-")
-            elif "ratio_ci95_low" in p:
-                row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f}; median's 95 % CI "
-                           f"{p['ratio_ci95_low']:.2f}-{p['ratio_ci95_high']:.2f})")
             elif p["repeats"] > 1:
-                row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f})")
+                ci = (f"; median's 95 % CI {p['ratio_ci95_low']:.2f}-{p['ratio_ci95_high']:.2f}"
+                      if "ratio_ci95_low" in p else "")
+                row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f}{ci})")
             else:
                 row.append(f"{p['ratio']:.2f}x")
         rows.append(row)

@@ -94,6 +94,12 @@ def earlier_points(report: Path) -> list[dict]:
             for row in previous["learning_curve"]]
 
 
+def recorded_tokens(head: Path) -> int | None:
+    """The answer tokens a head's folder records in its `training.json`, None without one."""
+    record = head / "training.json"
+    return json.loads(record.read_text()).get("answer_tokens_seen") if record.is_file() else None
+
+
 def heads_answer_tokens(heads: Path) -> int | None:
     """The answer tokens the EAGLE heads under `heads` (eagle/, eagle3/) were trained on
     (their `training.json`; the assembled family's heads have none, and the committed
@@ -102,15 +108,14 @@ def heads_answer_tokens(heads: Path) -> int | None:
     learning-curve point cannot stand at both."""
     seen = {}
     for head in ("eagle", "eagle3"):
-        records = [heads / head / "training.json"]
-        if heads.resolve() == FAMILY_DIR.resolve():
-            records.append(COMMITTED_DIR / head / "training.json")
-        record = next((r for r in records if r.is_file()), None)
-        if record is not None:
-            seen[head] = json.loads(record.read_text()).get("answer_tokens_seen")
+        tokens = recorded_tokens(heads / head)
+        if tokens is None and heads.resolve() == FAMILY_DIR.resolve():
+            tokens = recorded_tokens(COMMITTED_DIR / head)
+        if tokens is not None:
+            seen[head] = tokens
     if len(set(seen.values())) > 1:
-        raise SystemExit(f"eval_family: the EAGLE-1 head under {heads} was trained on {seen['eagle']:,} answer tokens and "
-                         f"its EAGLE-3 head on {seen['eagle3']:,}; one learning-curve point cannot stand at both. "
+        raise SystemExit(f"eval_family: the EAGLE-1 head under {heads} was trained on {seen['eagle']:,} answer "
+                         f"tokens and its EAGLE-3 head on {seen['eagle3']:,}; one learning-curve point cannot stand at both. "
                          "Pass --heads one round's train_heads.py --out folder (e.g. .cache/train/round10).")
     return next(iter(seen.values()), None)
 
@@ -143,12 +148,9 @@ def learning_curve(family: Path, snapshots: list[Path], prompts: dict, new_token
 def shipped_tokens(committed: Path = COMMITTED_DIR) -> dict:
     """The answer tokens each committed head was trained on ({"eagle2": EAGLE-1's head,
     "eagle3": EAGLE-3's}): a round may ship one head and keep the other's earlier round."""
-    out = {}
-    for method, head in (("eagle2", "eagle"), ("eagle3", "eagle3")):
-        record = committed / head / "training.json"
-        if record.is_file():
-            out[method] = json.loads(record.read_text()).get("answer_tokens_seen")
-    return out
+    heads = {"eagle2": "eagle", "eagle3": "eagle3"}
+    recorded = {method: recorded_tokens(committed / head) for method, head in heads.items()}
+    return {method: tokens for method, tokens in recorded.items() if tokens is not None}
 
 
 def shipped_label(row: dict, shipped: dict | None) -> str:
