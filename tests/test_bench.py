@@ -96,6 +96,34 @@ def test_latency_compare_interleaves_configurations_request_by_request(tmp_path,
     assert [c for c in calls if len(c[1]) > 1] == [("none", (0, 1, 2)), ("eagle3", (0, 1, 2)), ("hf", (0, 1, 2))]
 
 
+def test_repeats_pass_over_the_requests_again_the_rotation_going_on(tmp_path, capsys, monkeypatch):
+    """`--repeats 2`: two passes over the requests, configurations taking turns as in one
+    pass (the rotation goes on across passes); each run holds both passes' results and
+    the tok/s of each pass, the comparison each pass's speedup."""
+    calls = []
+    original = bench.run_engine
+
+    def recording(engine, entry, reqs, *a, **kw):
+        calls.append((entry, tuple(r.task_id for r in reqs)))
+        return original(engine, entry, reqs, *a, **kw)
+    monkeypatch.setattr(bench, "run_engine", recording)
+    report = tmp_path / "repeats.json"
+    code, out = _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "1", "--output-tokens",
+                       "4", "--warmup", "0", "--no-progress", "--compare", "none,eagle3", "--dtype", "float64",
+                       "--repeats", "2", "--report-json", str(report))
+    assert code == 0
+    assert calls == [("none", ()), ("eagle3", ()), ("none", (0,)), ("eagle3", (0,)), ("eagle3", (0,)), ("none", (0,))]
+    data = json.loads(report.read_text())
+    assert [len(run["requests"]) for run in data["runs"]] == [2, 2]
+    assert all(len(run["pass_throughputs"]) == 2 for run in data["runs"])
+    row = data["comparison"][1]
+    first, second = (data["runs"][1]["pass_throughputs"][i] / data["runs"][0]["pass_throughputs"][i] for i in (0, 1))
+    assert row["speedup_repeats"] == [first, second] and row["same_as_none"]["same"]
+    assert "over 2 paired passes" in out
+    code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--repeats", "2"])
+    assert code == 2 and "--repeats needs --compare" in capsys.readouterr().err
+
+
 def test_graphed_runs_count_the_captures_made_while_timed(tmp_path, capsys):
     """--cuda-graphs (emulated on CPU): each engine configuration reports how many graph
     buckets were first needed while it was timed (the warm-up's are not counted);

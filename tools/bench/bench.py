@@ -36,7 +36,11 @@ drafted tokens), with or without prompt lookup grafted onto EAGLE and Medusa tre
 default, docs/DESIGN.md "Prompt lookup"), and three `transformers`
 references on the base weights, one request at a time in either mode: `hf` (greedy
 `generate()`), `hf-assisted` (`assistant_model` = the family's draft model),
-`hf-prompt-lookup` (`prompt_lookup_num_tokens=10`).
+`hf-prompt-lookup` (`prompt_lookup_num_tokens=10`). In latency mode the configurations
+take turns request by request; `--repeats R` passes over the requests R times so, and
+each speedup is then also given over the R paired passes: median, range and, from 6
+passes on, the median's distribution-free 95 % confidence interval (`repeats.py`),
+since one run's ratio on a shared 2-core VM moves by 10-20 %.
 "same as none": greedy outputs must equal plain decoding token for token (below
 float64 a near-tie between two logits may flip an argmax between the tree and the
 plain forward, which sum in different orders; a mismatch is reported, not fatal).
@@ -81,6 +85,7 @@ from tqdm import tqdm  # noqa: E402
 from dataset_converter import DatasetError, first_turns, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 from prepare_dataset import read_samples  # noqa: E402
+from repeats import format_ratio, ratio_summary  # noqa: E402
 from specdec.config import DRAFTER_PARAMETERS, DTYPES, EngineConfig  # noqa: E402
 from specdec.drafters.choices import parse_choices  # noqa: E402
 from specdec.drafters.lookup import GRAFTED_METHODS as LOOKUP_METHODS  # noqa: E402
@@ -197,6 +202,9 @@ class Run:
     # (docs/DESIGN.md, "Metrics"): the request's method where a tree was drafted, "none"
     # where its tree was off, "prompt_lookup" where a copy was verified alone
     verify_steps: Optional[dict[str, int]] = None
+    # Output tokens/s of each pass over the requests (latency --repeats): the entry's share
+    # of every paired repeat, for each ratio's median and its confidence interval
+    pass_throughputs: Optional[list[float]] = None
 
     def summary(self) -> dict:
         res = self.results
@@ -639,20 +647,37 @@ def _differ_text(same: dict) -> str:
 
 
 def comparison_rows(runs: list[Run], greedy: bool) -> list[dict]:
+    """One row per run, its ratios against the first run's; with several passes
+    (`--repeats`), also each pass's speedup against the first run's pass and their
+    median, range and the median's 95 % confidence interval (`repeats.ratio_summary`,
+    keys `speedup_over_repeats*`)."""
     base = runs[0].summary()
     none_run = next((r for r in runs if r.label == "none"), None)
     rows = []
     for run in runs:
         s = run.summary()
+        over_repeats = {}
+        if run.pass_throughputs and len(run.pass_throughputs) > 1:
+            ratios = [mine / ref for mine, ref in zip(run.pass_throughputs, runs[0].pass_throughputs)]
+            over_repeats = dict(speedup_repeats=ratios, **ratio_summary(ratios, "speedup_over_repeats"))
         rows.append(dict(
             label=run.label, tree=run.tree, token_throughput=s["token_throughput"],
             speedup=s["token_throughput"] / base["token_throughput"],
             request_throughput=s["request_throughput"], avg_latency_ms=s["avg_latency_ms"],
             latency_ratio=s["avg_latency_ms"] / base["avg_latency_ms"], p99_latency_ms=s["p99_latency_ms"],
             avg_ttft_ms=s["avg_ttft_ms"], tau=s["tau"], acceptance_rate=s["acceptance_rate"],
-            same_as_none=same_as(run, none_run) if greedy else None,
+            same_as_none=same_as(run, none_run) if greedy else None, **over_repeats,
         ))
     return rows
+
+
+def repeats_lines(rows: list[dict]) -> list[str]:
+    """Each entry's speedup over the repeats, one line each (none without repeats)."""
+    if "speedup_repeats" not in rows[0]:
+        return []
+    return [f"speedup per pass over {len(rows[0]['speedup_repeats'])} paired passes (the configurations taking "
+            f"turns in each): median (range; from 6 passes the median's 95 % confidence interval)"] + \
+        [f"  {r['label']}: {format_ratio(r, 'speedup_over_repeats')}" for r in rows[1:]]
 
 
 def format_comparison(rows: list[dict], greedy: bool) -> str:
@@ -681,6 +706,7 @@ def format_comparison(rows: list[dict], greedy: bool) -> str:
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines += ["", "trees:"] + [f"  {r['label']}: {r['tree']}" for r in rows]
+    lines += [""] + repeats_lines(rows) if "speedup_repeats" in rows[0] else []
     return "\n".join(lines) + "\n"
 
 
@@ -697,6 +723,7 @@ def comparison_markdown(rows: list[dict], greedy: bool, report: dict) -> str:
                      f"{r['avg_latency_ms']:.1f} | {r['p99_latency_ms']:.1f} | {r['avg_ttft_ms']:.1f} | "
                      f"{_fmt(r['tau'], 2)} | {_fmt(r['acceptance_rate'], 3)} | {same_txt} |")
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    lines += [""] + [line.strip() + "  " for line in repeats_lines(rows)] if "speedup_repeats" in rows[0] else []
     lines += ["", f"Command: `{report['command']}`  ",
               f"Machine: {m['cpu']} ({m['cpu_cores_usable']} usable cores, {m['torch_threads']} torch threads){gpu}; "
               f"python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, commit {m['git_commit']}  ",
@@ -838,6 +865,10 @@ def build_parser() -> argparse.ArgumentParser:
             cfg.add_argument("--no-interleave", action="store_true",
                              help="with --compare: run each configuration over all requests in turn (default: "
                                   "request by request, every configuration in turn, so drift hits all alike)")
+            cfg.add_argument("--repeats", type=int, default=1,
+                             help="with --compare (interleaved): pass over the requests this many times; each "
+                                  "speedup is then also given per pass, as a median with its range and, from 6 "
+                                  "passes, the median's 95 %% confidence interval")
     ps = sub.add_parser("plot-speedups", help="table + PNG of --compare reports over several question sets")
     ps.add_argument("reports", nargs="+", type=Path, help="--report-json files of --compare runs")
     ps.add_argument("--plot", type=Path, help="PNG to write")
@@ -896,22 +927,36 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
             raise BenchError(f"{entry}: {e}") from None
 
     interleave = args.mode == "latency" and len(entries) > 1 and not args.no_interleave
+    repeats = getattr(args, "repeats", 1)
+    _validate_that(repeats >= 1, f"--repeats must be >= 1, got {repeats}")
+    _validate_that(repeats == 1 or interleave, "--repeats needs --compare of two or more configurations, "
+                                               "interleaved (without --no-interleave)")
     runs = []
     if interleave:
         # Request by request, every configuration in turn (the order rotating), so that a
-        # machine that speeds up or slows down during the run weighs on all of them alike.
+        # machine that speeds up or slows down during the run weighs on all of them alike;
+        # `--repeats` passes over the requests so, the rotation going on across passes.
         for entry in entries:
             run_entry(entry, warm, lambda: None, timed=False)
         collected = {e: ([], 0.0) for e in entries}
-        bar = tqdm(total=len(reqs) * len(entries), desc="interleaved", unit="req", file=sys.stderr,
+        per_pass: dict[str, list[float]] = {e: [] for e in entries}  # entry -> tok/s of each pass
+        bar = tqdm(total=repeats * len(reqs) * len(entries), desc="interleaved", unit="req", file=sys.stderr,
                    disable=args.no_progress)
-        for i, r in enumerate(reqs):
-            for entry in entries[i % len(entries):] + entries[: i % len(entries)]:
-                results, wall = run_entry(entry, [r], bar.update)
-                done, total = collected[entry]
-                collected[entry] = (done + results, total + wall)
+        for rep in range(repeats):
+            this_pass = {e: (0, 0.0) for e in entries}  # entry -> (output tokens, seconds)
+            for i, r in enumerate(reqs):
+                turn = (rep * len(reqs) + i) % len(entries)
+                for entry in entries[turn:] + entries[:turn]:
+                    results, wall = run_entry(entry, [r], bar.update)
+                    done, total = collected[entry]
+                    collected[entry] = (done + results, total + wall)
+                    tokens, seconds = this_pass[entry]
+                    this_pass[entry] = (tokens + sum(len(x.output_ids) for x in results), seconds + wall)
+            for entry, (tokens, seconds) in this_pass.items():
+                per_pass[entry].append(tokens / seconds)
         bar.close()
-        runs = [Run(e, trees[e], *collected[e], captured.get(e), dict(steps[e]) or None) for e in entries]
+        runs = [Run(e, trees[e], *collected[e], captured.get(e), dict(steps[e]) or None, per_pass[e])
+                for e in entries]
         for run in runs:
             print(performance_overview(run))
     for entry in [] if interleave else entries:
@@ -942,7 +987,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         machine=machine, requests_source=str(args.dataset or args.question_set),
         engine_at_load=portable(getattr(engine, "load_note", None)),  # calibration's timings, as printed
         runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s, graph_captures=r.graph_captures,
-                   verify_steps=r.verify_steps, step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
+                   verify_steps=r.verify_steps, pass_throughputs=r.pass_throughputs, step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
                    requests=[x.to_json() for x in r.results]) for r in runs],
         comparison=rows,
     )

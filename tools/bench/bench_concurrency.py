@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import queue
 import random
@@ -72,6 +71,7 @@ sys.path.insert(0, str(REPO / "tools"))
 from bench import BenchError, _validate_that, drafter_dirs, encode_question, machine_info, portable  # noqa: E402
 from dataset_converter import DatasetError, first_turns, question_set_path, read_question_set  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
+from repeats import format_ratio, ratio_summary  # noqa: E402
 
 HUMANEVAL = question_set_path("humaneval")  # $SPECDEC_DATA_DIR, else ../shared/data
 DEFAULT_CONFIGS = "plain,eagle2,eagle2-fixed"
@@ -365,25 +365,6 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def median_interval(values: list[float], confidence: float = 0.95) -> Optional[tuple[float, float, float]]:
-    """A distribution-free confidence interval for the median of `values`: the k-th
-    smallest and k-th largest value, with k the largest for which a Binomial(n, 1/2) draw
-    falls below k with probability at most (1 - confidence) / 2 (each value lies above
-    the median with probability one half, whatever the distribution). Returns (low, high,
-    the interval's exact coverage), or None where n is too small (fewer than 6 values
-    for 95 %)."""
-    n, ordered = len(values), sorted(values)
-    tail, k = 0.0, 0  # tail: P(Binomial(n, 1/2) < k + 1)
-    while True:
-        tail_next = tail + math.comb(n, k) / 2 ** n
-        if tail_next > (1 - confidence) / 2:
-            break
-        tail, k = tail_next, k + 1
-    if k == 0:
-        return None
-    return ordered[k - 1], ordered[n - k], 1 - 2 * tail
-
-
 def level_summary(points: list[Point], configs: list[BenchConfig], level: int) -> dict:
     """At one concurrency, over the repeats: each configuration's median tok/s, pooled
     latencies and τ, and each ratio to the first configuration within the same repeat
@@ -403,12 +384,7 @@ def level_summary(points: list[Point], configs: list[BenchConfig], level: int) -
                    tau=sum(p.output_tokens for p in mine) / steps if steps else 0.0)
         if c.label != ref:
             base = {p.repeat: p.tokens_per_s for p in points if p.concurrency == level and p.config == ref}
-            ratios = sorted(p.tokens_per_s / base[p.repeat] for p in mine if p.repeat in base)
-            if ratios:
-                row.update(ratio=_median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1])
-                interval = median_interval(ratios)
-                if interval is not None:
-                    row.update(ratio_ci95_low=interval[0], ratio_ci95_high=interval[1], ratio_ci_coverage=interval[2])
+            row.update(ratio_summary([p.tokens_per_s / base[p.repeat] for p in mine if p.repeat in base]))
         out[c.label] = row
     return out
 
@@ -438,9 +414,7 @@ def format_table(points: list[Point], configs: list[BenchConfig]) -> str:
             if "ratio" not in p:
                 row.append("-")
             elif p["repeats"] > 1:
-                ci = (f"; median's 95 % CI {p['ratio_ci95_low']:.2f}-{p['ratio_ci95_high']:.2f}"
-                      if "ratio_ci95_low" in p else "")
-                row.append(f"{p['ratio']:.2f}x ({p['ratio_min']:.2f}-{p['ratio_max']:.2f}{ci})")
+                row.append(format_ratio(p))
             else:
                 row.append(f"{p['ratio']:.2f}x")
         rows.append(row)
