@@ -57,6 +57,14 @@ def test_each_pass_is_compared_with_the_same_pass_of_the_first_configuration():
     assert rows[1]["speedup_repeats"] == [2.0, 1.0, 2.0, 0.5, 1.0, 2.0]
     assert rows[1]["speedup_over_repeats"] == statistics.median([2.0, 1.0, 2.0, 0.5, 1.0, 2.0])
     text = "\n".join(bench.repeats_lines(rows))
-    assert "over 6 paired passes" in text and "eagle3: 1.50x (0.50-2.00; median's 95 % CI 0.50-2.00)" in text
+    assert "over 6 paired passes" in text and "eagle3: 1.50x (0.50-2.00; median's 95 % CI 0.50-2.00) of none" in text
+    # ... and against a transformers entry, pass by pass too
+    hf = [x / 2 for x in plain[::-1]]
+    rows = bench.comparison_rows([_run("none", plain), _run("eagle3", mixed), _run("hf-prompt-lookup", hf)],
+                                 greedy=False)
+    over_hf = [m / h for m, h in zip(mixed, hf)]
+    assert rows[1]["over_repeats_against"]["hf-prompt-lookup"]["ratio"] == statistics.median(over_hf)
+    assert "over_repeats_against" not in rows[2] and "over_repeats_against" not in rows[0]
+    assert f"of none; {statistics.median(over_hf):.2f}x" in bench.repeats_lines(rows)[1]
     single = bench.comparison_rows([_run("none", [10.0]), _run("eagle3", [20.0])], greedy=False)
     assert "speedup_repeats" not in single[1] and bench.repeats_lines(single) == []

@@ -648,18 +648,26 @@ def _differ_text(same: dict) -> str:
 
 def comparison_rows(runs: list[Run], greedy: bool) -> list[dict]:
     """One row per run, its ratios against the first run's; with several passes
-    (`--repeats`), also each pass's speedup against the first run's pass and their
+    (`--repeats`), also each pass's speedup against the first run's same pass and their
     median, range and the median's 95 % confidence interval (`repeats.ratio_summary`,
-    keys `speedup_over_repeats*`)."""
+    keys `speedup_over_repeats*`), and the same against each `transformers` entry
+    (`over_repeats_against`: its label -> `ratio*` keys)."""
     base = runs[0].summary()
     none_run = next((r for r in runs if r.label == "none"), None)
+    references = [r for r in runs[1:] if r.label in HF_ENTRIES]
+
+    def per_pass(run: Run, reference: Run) -> list[float]:
+        return [mine / ref for mine, ref in zip(run.pass_throughputs, reference.pass_throughputs)]
     rows = []
     for run in runs:
         s = run.summary()
         over_repeats = {}
         if run.pass_throughputs and len(run.pass_throughputs) > 1:
-            ratios = [mine / ref for mine, ref in zip(run.pass_throughputs, runs[0].pass_throughputs)]
+            ratios = per_pass(run, runs[0])
             over_repeats = dict(speedup_repeats=ratios, **ratio_summary(ratios, "speedup_over_repeats"))
+            against = {ref.label: ratio_summary(per_pass(run, ref)) for ref in references if ref is not run}
+            if against and run is not runs[0]:
+                over_repeats["over_repeats_against"] = against
         rows.append(dict(
             label=run.label, tree=run.tree, token_throughput=s["token_throughput"],
             speedup=s["token_throughput"] / base["token_throughput"],
@@ -672,12 +680,17 @@ def comparison_rows(runs: list[Run], greedy: bool) -> list[dict]:
 
 
 def repeats_lines(rows: list[dict]) -> list[str]:
-    """Each entry's speedup over the repeats, one line each (none without repeats)."""
+    """Each entry's speedup over the repeats, one line each, against the first entry and
+    each `transformers` entry (none without repeats)."""
     if "speedup_repeats" not in rows[0]:
         return []
-    return [f"speedup per pass over {len(rows[0]['speedup_repeats'])} paired passes (the configurations taking "
-            f"turns in each): median (range; from 6 passes the median's 95 % confidence interval)"] + \
-        [f"  {r['label']}: {format_ratio(r, 'speedup_over_repeats')}" for r in rows[1:]]
+    lines = [f"speedup per pass over {len(rows[0]['speedup_repeats'])} paired passes (the configurations taking "
+             f"turns in each): median (range; from 6 passes the median's 95 % confidence interval)"]
+    for r in rows[1:]:
+        against = "".join(f"; {format_ratio(summary)} of {label}"
+                          for label, summary in r.get("over_repeats_against", {}).items())
+        lines.append(f"  {r['label']}: {format_ratio(r, 'speedup_over_repeats')} of {rows[0]['label']}{against}")
+    return lines
 
 
 def format_comparison(rows: list[dict], greedy: bool) -> str:

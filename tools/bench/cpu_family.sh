@@ -25,6 +25,11 @@
 # lookup       the same requests: plain decoding, EAGLE-3 with trees of 3, 8 and 16 nodes and EAGLE-2
 #              with 8, each with prompt lookup (the default) and without (+nolookup), and
 #              transformers' prompt lookup
+# repeats      the same requests, $REPEATS paired passes (default 12; the configurations taking
+#              turns request by request in each): plain decoding, EAGLE-3 with trees of 3, 8 and 16
+#              nodes (prompt lookup on), transformers' prompt lookup; each speedup per pass, its
+#              median and the median's 95 % confidence interval, into latency_repeats_<set>.md (the
+#              JSON, 60 KB a set with every request of every pass, goes to .cache/bench/)
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
 #              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
 #              fixed tree at batch 1 on these CPUs) beside them
@@ -106,6 +111,14 @@ for stage in "${stages[@]}"; do
       entries=none,eagle3+nolookup@3,eagle3@3,eagle3+nolookup@8,eagle3@8,eagle3+nolookup,eagle3
       entries+=,eagle2+nolookup@8,eagle2@8,hf-prompt-lookup
       latency_on_every_set latency_lookup --eagle-total-tokens 16 --compare $entries ;;
+    repeats)
+      mkdir -p .cache/bench
+      for set in $SETS; do
+        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+          --eagle-total-tokens 16 --compare none,eagle3@3,eagle3@8,eagle3,hf-prompt-lookup --repeats "${REPEATS:-12}" \
+          --markdown "$OUT/latency_repeats_$set.md" --report-json ".cache/bench/latency_repeats_$set.json"
+      done ;;
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
         --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;
