@@ -27,7 +27,7 @@ def model(width: int = 64) -> list:
 @pytest.fixture
 def timings(monkeypatch) -> list[int]:
     """Fake timings (oneDNN twice as fast from 8 rows on, an MKL pack paying at 4 rows, so
-    2-4 rows pad to it); the list counts the timed
+    1-4 rows pad to it); the list counts the timed
     row counts, so that a test sees whether anything was measured."""
     timed = []
 
@@ -43,7 +43,7 @@ def test_measured_once_then_read_back(tmp_path, timings):
     assert source == "measured at load" and timings == list(ROW_LADDER)
     assert first.onednn_rows == frozenset(r for r in ROW_LADDER if r >= 8)
     if first.packs:  # a torch build with MKL's packed gemm
-        assert dict(first.packs) == {2: 4, 3: 4, 4: 4}
+        assert dict(first.packs) == {1: 4, 2: 4, 3: 4, 4: 4}
     [saved] = tmp_path.glob("row-routing-*.json")
     timings.clear()
     layers = model()

@@ -1,4 +1,4 @@
-"""Multi-row float32 matmuls on CPU: MKL's sgemm, oneDNN, or MKL's packed gemm, by row count.
+"""Float32 matmuls on CPU: MKL's sgemm (or gemv), oneDNN, or MKL's packed gemm, by row count.
 
 On the CPU, speculative decoding lives or dies by how much more a forward over a few
 tokens (a tree of 4-16 nodes, a drafting depth over top-k nodes) costs than over one.
@@ -14,16 +14,21 @@ other paths keep the weight packed once:
   load, the target's linears over 4 rows took 32 ms instead of sgemm's 45, over 8 rows
   36 instead of 56, over 16 rows 45 instead of 60 (docs/bench/row_routing_smollm2_target.json).
 
-One-row calls (plain decoding at batch 1) stay on MKL's gemv, which is as fast.
+One-row calls (plain decoding at batch 1, a drafter's single-row forwards) are routed
+the same way: `F.linear` calls MKL's gemv there, which on an Intel Xeon is as fast as
+the others, while on AMD EPYC (AVX2), at one load, the target's linears over one row
+took 33.0 ms through it and 18.7 ms through oneDNN (over 2 and 3 rows: 55.0 and 70.4 ms
+through sgemm, 21.9 and 22.3 through oneDNN), so plain decoding had run at about 25
+tokens/s where 1-row oneDNN allows about 38.
 
 Which path wins depends on the CPU and the row count, so the engine measures all three
 at load (`choose_row_paths`: a model's own linears, in order, at each row count of
-`ROW_LADDER`) and each model's multi-row calls take the path chosen for their row count
+`ROW_LADDER`) and each model's calls take the path chosen for their row count
 (`RowRouting`, chosen by `plan_paths`). A path that needs a copy of the weights must
 win by `COPY_MARGIN`, so that a tie keeps sgemm, which needs none; MKL packs, one copy
 each, are at most `SPECDEC_CPU_MKL_PACKS` (default `MAX_MKL_PACKS`) per model.
-`SPECDEC_CPU_ONEDNN=0` keeps every call on `F.linear`, `=1` sends every multi-row call
-to oneDNN without measuring.
+`SPECDEC_CPU_ONEDNN=0` keeps every call on `F.linear`, `=1` sends every call to oneDNN
+without measuring.
 
 Results equal `F.linear` up to float32 rounding (another summation order), so a tree's
 logits can differ from plain decoding's in the last bits, as MKL's own gemm and gemv
@@ -42,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-ROW_LADDER = (2, 3, 4, 6, 8, 12, 16, 32, 64)  # row counts timed at load; more rows take 64's path
+ROW_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # row counts timed at load; more rows take 64's path
 COPY_MARGIN = 0.10  # a path that keeps a copy of the weights is chosen only where it is this much faster
 MAX_MKL_PACKS = 3  # MKL packs (a copy of the weights each) per model, unless SPECDEC_CPU_MKL_PACKS says otherwise
 Timing = tuple[int, float, float, float]  # (rows, F.linear ms, oneDNN ms, MKL packed ms; inf: not timed)
@@ -55,7 +60,7 @@ def _step(rows: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class RowRouting:
-    """Which path a module's multi-row calls take, by row count. A row count takes the
+    """Which path a module's calls take, by row count. A row count takes the
     path of the next ladder step up (`_step`): oneDNN at the steps in `onednn_rows`;
     MKL's packed gemm at the steps of `packs`, each with the pack made for a row count
     at least its own (a call with fewer rows is padded up to it); `F.linear` (MKL's
@@ -129,10 +134,10 @@ def plan_paths(timings: list[Timing], max_packs: int) -> RowRouting:
 
 
 class PackedCpuLinear(nn.Linear):
-    """An `nn.Linear` (same parameters, same state-dict names) whose multi-row calls go
-    through oneDNN or MKL's packed gemm, with packed copies of the weight made at the
-    first call that needs each, where its `routing` says so. Only modules that take such
-    calls pay the copies' memory."""
+    """An `nn.Linear` (same parameters, same state-dict names) whose calls go through
+    oneDNN or MKL's packed gemm, with packed copies of the weight made at the first call
+    that needs each, where its `routing` says so (float32, without autograd). Only
+    modules that take such calls pay the copies' memory."""
 
     _packed: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]  # oneDNN's copy (weight, bias)
     _mkl_packs: dict[int, torch.Tensor]  # row count -> MKL's packed copy of the weight
@@ -140,7 +145,7 @@ class PackedCpuLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, self.in_features)
-        if rows <= 1 or x.dtype != torch.float32 or torch.is_grad_enabled():
+        if rows < 1 or x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         if self.routing.onednn(rows):
             return self._onednn(x, rows)
@@ -213,7 +218,7 @@ def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-
                      repeats: int = 3) -> Optional[RowRouting]:
     """Times `layers` in order (as a forward streams their weights) through `F.linear`,
     oneDNN and MKL's packed gemm at each ladder row count up to `max_rows`
-    (`_time_paths`), and routes their multi-row calls as `plan_paths` chooses. None
+    (`_time_paths`), and routes their calls as `plan_paths` chooses. None
     (routing left as it is) when there is nothing to time or SPECDEC_CPU_ONEDNN=1 asks
     for oneDNN throughout."""
     if not measuring_wanted(layers):
@@ -239,7 +244,7 @@ def measuring_wanted(layers: list[PackedCpuLinear]) -> bool:
 
 
 def route(layers: list[PackedCpuLinear], routing: RowRouting) -> None:
-    """Sends `layers`' multi-row calls the way `routing` says; packed copies that no
+    """Sends `layers`' calls the way `routing` says; packed copies that no
     chosen path uses are dropped."""
     sizes = set(routing.pack_sizes())
     for m in layers:
