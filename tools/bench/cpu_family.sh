@@ -26,10 +26,11 @@
 #              with 8, each with prompt lookup (the default) and without (+nolookup), and
 #              transformers' prompt lookup
 # repeats      the same requests, $REPEATS paired passes (default 12; the configurations taking
-#              turns request by request in each): plain decoding, EAGLE-3 with trees of 3, 8 and 16
-#              nodes (prompt lookup on), transformers' prompt lookup; each speedup per pass, its
-#              median and the median's 95 % confidence interval, into latency_repeats_<set>.md (the
-#              JSON, 60 KB a set with every request of every pass, goes to .cache/bench/)
+#              turns request by request in each): plain decoding, EAGLE-3 with trees of 3, 8 and
+#              16 nodes (prompt lookup on), transformers' generate and prompt lookup; each speedup
+#              per pass, its median and the median's 95 % confidence interval, into
+#              latency_repeats_<set>.md (the JSON, 60 KB a set with every request of every pass,
+#              goes to .cache/bench/)
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
 #              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
 #              fixed tree at batch 1 on these CPUs) beside them
@@ -116,7 +117,7 @@ for stage in "${stages[@]}"; do
       for set in $SETS; do
         $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
           --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --eagle-total-tokens 16 --compare none,eagle3@3,eagle3@8,eagle3,hf-prompt-lookup --repeats "${REPEATS:-12}" \
+          --eagle-total-tokens 16 --compare none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup --repeats "${REPEATS:-12}" \
           --markdown "$OUT/latency_repeats_$set.md" --report-json ".cache/bench/latency_repeats_$set.json"
       done ;;
     adaptive-lookup)
