@@ -16,10 +16,11 @@ other paths keep the weight packed once:
 
 One-row calls (plain decoding at batch 1, a drafter's single-row forwards) are routed
 the same way: `F.linear` calls MKL's gemv there, which on an Intel Xeon is as fast as
-the others, while on AMD EPYC (AVX2), at one load, the target's linears over one row
-took 33.0 ms through it and 18.7 ms through oneDNN (over 2 and 3 rows: 55.0 and 70.4 ms
-through sgemm, 21.9 and 22.3 through oneDNN), so plain decoding had run at about 25
-tokens/s where 1-row oneDNN allows about 38.
+the others, while on AMD EPYC (AVX2), timed by `choose_row_paths` at one load, the
+target's linears over one row took 33.4 ms through it, 26.0 through an MKL pack and 21.3
+through oneDNN (over 2 and 3 rows: 56.6 and 74.6 ms through sgemm, 23.5 and 27.6 through
+oneDNN). Plain decoding at batch 1 on that VM went from about 25 tokens/s to 36 with
+one-row calls routed (docs/benchmarks.md, section 1.16).
 
 Which path wins depends on the CPU and the row count, so the engine measures all three
 at load (`choose_row_paths`: a model's own linears, in order, at each row count of
