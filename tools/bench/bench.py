@@ -665,9 +665,10 @@ def comparison_rows(runs: list[Run], greedy: bool) -> list[dict]:
         if run.pass_throughputs and len(run.pass_throughputs) > 1:
             ratios = per_pass(run, runs[0])
             over_repeats = dict(speedup_repeats=ratios, **ratio_summary(ratios, "speedup_over_repeats"))
-            against = {ref.label: ratio_summary(per_pass(run, ref)) for ref in references if ref is not run}
-            if against and run is not runs[0]:
-                over_repeats["over_repeats_against"] = against
+            if run is not runs[0]:
+                against = {ref.label: ratio_summary(per_pass(run, ref)) for ref in references if ref is not run}
+                if against:
+                    over_repeats["over_repeats_against"] = against
         rows.append(dict(
             label=run.label, tree=run.tree, token_throughput=s["token_throughput"],
             speedup=s["token_throughput"] / base["token_throughput"],
@@ -719,7 +720,8 @@ def format_comparison(rows: list[dict], greedy: bool) -> str:
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines += ["", "trees:"] + [f"  {r['label']}: {r['tree']}" for r in rows]
-    lines += [""] + repeats_lines(rows) if "speedup_repeats" in rows[0] else []
+    repeated = repeats_lines(rows)
+    lines += [""] + repeated if repeated else []
     return "\n".join(lines) + "\n"
 
 
@@ -736,7 +738,8 @@ def comparison_markdown(rows: list[dict], greedy: bool, report: dict) -> str:
                      f"{r['avg_latency_ms']:.1f} | {r['p99_latency_ms']:.1f} | {r['avg_ttft_ms']:.1f} | "
                      f"{_fmt(r['tau'], 2)} | {_fmt(r['acceptance_rate'], 3)} | {same_txt} |")
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
-    lines += [""] + [line.strip() + "  " for line in repeats_lines(rows)] if "speedup_repeats" in rows[0] else []
+    repeated = repeats_lines(rows)
+    lines += [""] + [line.strip() + "  " for line in repeated] if repeated else []
     lines += ["", f"Command: `{report['command']}`  ",
               f"Machine: {m['cpu']} ({m['cpu_cores_usable']} usable cores, {m['torch_threads']} torch threads){gpu}; "
               f"python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, commit {m['git_commit']}  ",
@@ -1000,7 +1003,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         machine=machine, requests_source=str(args.dataset or args.question_set),
         engine_at_load=portable(getattr(engine, "load_note", None)),  # calibration's timings, as printed
         runs=[dict(label=r.label, tree=r.tree, summary=r.summary(), wall_s=r.wall_s, graph_captures=r.graph_captures,
-                   verify_steps=r.verify_steps, pass_throughputs=r.pass_throughputs, step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
+                   verify_steps=r.verify_steps, pass_throughputs=r.pass_throughputs,
+                   step_tau_histogram={str(k): v for k, v in sorted(r.step_taus().items())},
                    requests=[x.to_json() for x in r.results]) for r in runs],
         comparison=rows,
     )
