@@ -117,7 +117,8 @@ for stage in "${stages[@]}"; do
       for set in $SETS; do
         $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
           --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --eagle-total-tokens 16 --compare none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup --repeats "${REPEATS:-12}" \
+          --eagle-total-tokens 16 --compare none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup \
+          --repeats "${REPEATS:-12}" \
           --markdown "$OUT/latency_repeats_$set.md" --report-json ".cache/bench/latency_repeats_$set.json"
       done ;;
     adaptive-lookup)

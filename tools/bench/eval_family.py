@@ -115,7 +115,8 @@ def heads_answer_tokens(heads: Path) -> int | None:
             seen[head] = tokens
     if len(set(seen.values())) > 1:
         raise SystemExit(f"eval_family: the EAGLE-1 head under {heads} was trained on {seen['eagle']:,} answer "
-                         f"tokens and its EAGLE-3 head on {seen['eagle3']:,}; one learning-curve point cannot stand at both. "
+                         f"tokens and its EAGLE-3 head on {seen['eagle3']:,}; one learning-curve point cannot stand "
+                         "at both. "
                          "Pass --heads one round's train_heads.py --out folder (e.g. .cache/train/round10).")
     return next(iter(seen.values()), None)
 
