@@ -30,14 +30,20 @@ def packed_copy(lin: nn.Linear) -> nn.Linear:
     return other
 
 
+@pytest.mark.parametrize("prepacked", [True, False], ids=["laid-out-for-rows", "to_mkldnn"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 64), (1, 1, 64), (2, 64), (1, 7, 64), (3, 5, 64), (4, 1, 64), (16, 64)])
-def test_calls_equal_f_linear(shape, bias):
+def test_calls_equal_f_linear(shape, bias, prepacked, monkeypatch):
+    """Both oneDNN paths: the weight laid out for `ONEDNN_PACK_ROWS` rows and called on
+    dense inputs, and the older `to_mkldnn()` one that builds without those ops take."""
+    if prepacked and not cpu_linear._ONEDNN_PREPACKED:
+        pytest.skip("this torch build lacks mkldnn._reorder_linear_weight")
+    monkeypatch.setattr(cpu_linear, "_ONEDNN_PREPACKED", prepacked)
     torch.manual_seed(0)
     lin = nn.Linear(64, 96, bias=bias)
     packed = packed_copy(lin)
-    for _ in range(2):  # the second call reuses the packed weight
-        x = torch.randn(*shape)
+    for call in range(2):  # the second call reuses the packed weight, on a strided input
+        x = torch.randn(*shape) if call == 0 else torch.randn(*shape[:-1], 128)[..., ::2]
         with torch.inference_mode():
             got, want = packed(x), F.linear(x, lin.weight, lin.bias)
         assert got.shape == want.shape and got.dtype == torch.float32

@@ -5,9 +5,17 @@ tokens (a tree of 4-16 nodes, a drafting depth over top-k nodes) costs than over
 PyTorch's float32 `linear` calls MKL's sgemm, which re-packs the whole weight matrix on
 every call; for the few rows a decode step has, that packing is most of the work. Two
 other paths keep the weight packed once:
-- oneDNN, with the weight in its own blocked layout (one copy for every row count). On
-  AMD EPYC (AVX2), SmolLM2-135M's target forward over 8 tree tokens took 82-88 ms
-  instead of 95-101 ms, a batch of 4 single tokens 79-81 ms instead of 96-106 ms.
+- oneDNN, with the weight in its own blocked layout (one copy for every row count),
+  laid out by `torch.ops.mkldnn._reorder_linear_weight` for `ONEDNN_PACK_ROWS` rows and
+  called through `torch.ops.mkldnn._linear_pointwise` on the dense input (what
+  `torch.compile` does for CPU linears). The layout matters more than anything else
+  here: on a 2-core AMD EPYC (Zen 4), SmolLM2-135M's linears over 1, 3, 8 and 16 rows
+  took 11-12, 12-15, 14-15 and 20-21 ms with a weight laid out for any row count from 2
+  to 64, against 15-16, 22, 24 and 29 ms with `to_mkldnn()`'s plain layout (and 19, 24,
+  30 and 35 ms with the input and output converted to and from oneDNN tensors, as the
+  engine did before; timed by an ad hoc script over the target's shapes). A layout
+  for one row was as slow as the plain one. Torch builds without these two ops take
+  the older path: `to_mkldnn()` copies and `mkldnn_linear`.
 - MKL's packed gemm (`cblas_sgemm_pack`, what `torch.compile` uses for CPU linears):
   a copy of the weight packed for one row count, which serves calls of up to that many
   rows (fewer are padded with zero rows). On a 2-core Xeon with AVX-512, timed at one
@@ -16,11 +24,12 @@ other paths keep the weight packed once:
 
 One-row calls (plain decoding at batch 1, a drafter's single-row forwards) are routed
 the same way: `F.linear` calls MKL's gemv there, which on an Intel Xeon is as fast as
-the others, while on AMD EPYC (AVX2), timed by `choose_row_paths` at one load, the
-target's linears over one row took 33.4 ms through it, 26.0 through an MKL pack and 21.3
-through oneDNN (over 2 and 3 rows: 56.6 and 74.6 ms through sgemm, 23.5 and 27.6 through
-oneDNN). Plain decoding at batch 1 on that VM went from about 25 tokens/s to 36 with
-one-row calls routed (docs/benchmarks.md, section 1.16).
+the others, while on AMD EPYC, timed by `choose_row_paths` at one load, the target's
+linears over one row took 32.3 ms through it, 25.9 through an MKL pack and 15.3 through
+oneDNN (over 3, 8 and 16 rows: 71.2, 41.1 and 48.7 ms through sgemm, 16.7, 17.9 and 20.9
+through oneDNN). Plain decoding at batch 1 on that VM went from about 25 tokens/s to 36
+with one-row calls routed to the older oneDNN path, and to about 47 with the layout
+above (docs/benchmarks.md, sections 1.16 and 1.17).
 
 Which path wins depends on the CPU and the row count, so the engine measures all three
 at load (`choose_row_paths`: a model's own linears, in order, at each row count of
@@ -51,7 +60,11 @@ import torch.nn.functional as F
 ROW_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # row counts timed at load; more rows take 64's path
 COPY_MARGIN = 0.10  # a path that keeps a copy of the weights is chosen only where it is this much faster
 MAX_MKL_PACKS = 3  # MKL packs (a copy of the weights each) per model, unless SPECDEC_CPU_MKL_PACKS says otherwise
+ONEDNN_PACK_ROWS = 16  # the row count oneDNN's copy of a weight is laid out for (module docstring)
 Timing = tuple[int, float, float, float]  # (rows, F.linear ms, oneDNN ms, MKL packed ms; inf: not timed)
+
+
+_ONEDNN_PREPACKED = hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def _step(rows: int) -> int:
@@ -156,6 +169,12 @@ class PackedCpuLinear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def _onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        if _ONEDNN_PREPACKED:
+            if self._packed is None:
+                weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), ONEDNN_PACK_ROWS)
+                self._packed = (weight, None if self.bias is None else self.bias.detach())
+            weight, bias = self._packed
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # [..., out]
         if self._packed is None:
             bias = None if self.bias is None else self.bias.detach().to_mkldnn()
             self._packed = (self.weight.detach().to_mkldnn(), bias)
