@@ -27,7 +27,8 @@
 #              transformers' prompt lookup
 # repeats      the same requests, $REPEATS paired passes (default 12; the configurations taking
 #              turns request by request in each): plain decoding, EAGLE-3 with trees of 3, 8 and
-#              16 nodes (prompt lookup on), transformers' generate and prompt lookup; each speedup
+#              16 nodes (prompt lookup on), transformers' generate and prompt lookup ($REPEATS_COMPARE
+#              names other entries, as bench.py's --compare); each speedup
 #              per pass, its median and the median's 95 % confidence interval, into
 #              latency_repeats_<set>.md (the JSON, 60 KB a set with every request of every pass,
 #              goes to .cache/bench/)
@@ -117,7 +118,7 @@ for stage in "${stages[@]}"; do
       for set in $SETS; do
         $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
           --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --eagle-total-tokens 16 --compare none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup \
+          --eagle-total-tokens 16 --compare "${REPEATS_COMPARE:-none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup}" \
           --repeats "${REPEATS:-12}" \
           --markdown "$OUT/latency_repeats_$set.md" --report-json ".cache/bench/latency_repeats_$set.json"
       done ;;
