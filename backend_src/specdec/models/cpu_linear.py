@@ -10,12 +10,13 @@ other paths keep the weight packed once:
   called through `torch.ops.mkldnn._linear_pointwise` on the dense input (what
   `torch.compile` does for CPU linears). The layout matters more than anything else
   here: on a 2-core AMD EPYC (Zen 4), SmolLM2-135M's linears over 1, 3, 8 and 16 rows
-  took 11-12, 12-15, 14-15 and 20-21 ms with a weight laid out for any row count from 2
-  to 64, against 15-16, 22, 24 and 29 ms with `to_mkldnn()`'s plain layout (and 19, 24,
-  30 and 35 ms with the input and output converted to and from oneDNN tensors, as the
-  engine did before; timed by an ad hoc script over the target's shapes). A layout
-  for one row was as slow as the plain one. Torch builds without these two ops take
-  the older path: `to_mkldnn()` copies and `mkldnn_linear`.
+  took 13.1-13.8, 16.0-16.2, 15.9-16.8 and 19.0-20.7 ms with a weight laid out for any
+  row count from 2 to 64, against 16.6, 20.5, 23.5 and 27.9 ms with `to_mkldnn()`'s
+  plain layout, and 18.9, 22.2, 31.4 and 36.0 ms with the input and output converted to
+  and from oneDNN tensors as well, as the engine did before
+  (docs/bench/cpu_linear_layouts.md). A layout for one row was as slow as the plain
+  one. Torch builds without these two ops take the older path: `to_mkldnn()` copies
+  and `mkldnn_linear`.
 - MKL's packed gemm (`cblas_sgemm_pack`, what `torch.compile` uses for CPU linears):
   a copy of the weight packed for one row count, which serves calls of up to that many
   rows (fewer are padded with zero rows). On a 2-core Xeon with AVX-512, timed at one
