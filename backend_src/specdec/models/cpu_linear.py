@@ -29,8 +29,8 @@ the others, while on AMD EPYC, timed by `choose_row_paths` at one load, the targ
 linears over one row took 32.3 ms through it, 25.9 through an MKL pack and 15.3 through
 oneDNN (over 3, 8 and 16 rows: 71.2, 41.1 and 48.7 ms through sgemm, 16.7, 17.9 and 20.9
 through oneDNN). Plain decoding at batch 1 on that VM went from about 25 tokens/s to 36
-with one-row calls routed to the older oneDNN path, and to about 47 with the layout
-above (docs/benchmarks.md, sections 1.16 and 1.17).
+with one-row calls routed to the older oneDNN path, and to 42-47 with the layout above
+(docs/benchmarks.md, sections 1.16 and 1.17).
 
 Which path wins depends on the CPU and the row count, so the engine measures all three
 at load (`choose_row_paths`: a model's own linears, in order, at each row count of
