@@ -214,6 +214,13 @@ def test_plan_keeps_f_linear_inside_the_margin_and_onednn_where_it_beats_both():
     assert all(step < 32 for step, _ in both.packs)  # oneDNN's steps take no pack
 
 
+def test_plan_of_a_layer_too_small_to_time_keeps_f_linear():
+    """A tiny layer (a tiny model's drafting vocabulary) whose timings round to 0 ms is
+    planned without dividing by them: nothing saves anything, F.linear throughout."""
+    zero = plan_paths(ladder_timings(lambda r: 0.0, onednn=lambda r: 0.0, packed=lambda r: 0.0), max_packs=3)
+    assert not zero.packs and not zero.onednn_rows
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_plan_never_exceeds_its_packs_or_loses_to_f_linear(seed):
     rng = torch.Generator().manual_seed(seed)

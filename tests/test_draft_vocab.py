@@ -91,3 +91,24 @@ def test_medusa_keeps_only_the_drafting_vocabularys_rows(tmp_path):
     assert [tuple(head[-1].weight.shape) for head in heads] == [(len(vocab), full[0][-1].in_features)] * len(full)
     hidden = torch.randn(5, full[0][-1].in_features, dtype=torch.float64)  # [B, H]
     torch.testing.assert_close(heads(hidden), full(hidden)[..., vocab], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "draft_model"])
+def test_the_drafting_vocabularys_projection_is_routed_like_every_linear_on_cpu_float32(tmp_path, method):
+    """EAGLE-1/2's and the draft model's projection onto the vocabulary's rows is a
+    module the engine routes on the CPU in float32 (oneDNN or an MKL pack where that
+    measures faster, `models/cpu_linear.py`), not a bare matmul left to MKL's sgemm, and
+    it scores each token as the target's LM head row does."""
+    from specdec.models.cpu_linear import PackedCpuLinear, onednn_available
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    folder, parameter = FOLDERS[method]
+    vocab = half_of_the_active_tokens()
+    engine = make_engine(dtype="float32", **{parameter: str(drafter_dir_with(tmp_path, folder, vocab))})
+    drafter = engine.drafters[method]
+    assert isinstance(drafter.vocab_head, PackedCpuLinear)
+    lm_head = (engine.target if method == "eagle2" else drafter.model).lm_head.weight  # [V, H]
+    hidden = torch.randn(3, lm_head.shape[1])  # [B, H]
+    with torch.inference_mode():
+        got = drafter.vocab_head(hidden)  # [B, K]
+    torch.testing.assert_close(got, hidden @ lm_head[vocab.long()].T, rtol=1e-5, atol=1e-5)

@@ -22,7 +22,7 @@ import torch
 
 from ..graphs import DecodeGraphs
 from ..kv_cache import AttentionBatch
-from ..models.layers import causal_mask, vocabulary_rows
+from ..models.layers import causal_mask, vocabulary_projection
 from ..models.llama import LlamaModel
 from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
 from ..transfer import host_to_device, to_device
@@ -43,11 +43,11 @@ class DraftModelDrafter:
                  draft_vocab: Optional[torch.Tensor] = None):
         self.model = model
         # With a drafting vocabulary (draft_vocab [K] target ids): the LM head's rows for
-        # those tokens [K, H], and the ids themselves.
+        # those tokens (H -> K), and the ids themselves.
         self.vocab_ids: Optional[torch.Tensor] = None
-        self.vocab_rows: Optional[torch.Tensor] = None
+        self.vocab_head: Optional[torch.nn.Linear] = None
         if draft_vocab is not None:
-            self.vocab_ids, self.vocab_rows = vocabulary_rows(model.lm_head.weight, draft_vocab)
+            self.vocab_ids, self.vocab_head = vocabulary_projection(model.lm_head.weight, draft_vocab)
         # Room after the context for the chain and a batched catch-up's padding, then
         # the spare positions of a CUDA graph's padding rows (graphs.py).
         self._spare_start = max_seq_len + 2 * BATCHED_CATCH_UP + 32
@@ -116,10 +116,10 @@ class DraftModelDrafter:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] -> logits [B, V] float32 (-inf outside a drafting vocabulary)."""
-        if self.vocab_rows is None:
+        if self.vocab_head is None:
             return self.model.logits(hidden)
         logits = torch.full((hidden.shape[0], self.model.shape.vocab_size), float("-inf"), device=hidden.device)
-        logits[:, self.vocab_ids] = torch.nn.functional.linear(hidden, self.vocab_rows).float()
+        logits[:, self.vocab_ids] = self.vocab_head(hidden).float()
         return logits
 
     def _catch_up(self, states: list) -> torch.Tensor:

@@ -35,7 +35,7 @@ from ..graphs import CapturedCalls, DecodeGraphs, batch_bucket, keys_bucket
 from ..kv_cache import AttentionBatch
 from ..models.eagle import EagleHead
 from ..models.eagle3 import Eagle3Head
-from ..models.layers import causal_mask, vocabulary_rows
+from ..models.layers import causal_mask, vocabulary_projection
 from ..models.llama import LlamaModel
 from ..transfer import to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
@@ -63,11 +63,11 @@ class EagleDrafter:
         self.target = target
         self.eagle3 = isinstance(head, Eagle3Head)
         # EAGLE-1/2 with a drafting vocabulary (draft_vocab [K] target ids): the target LM
-        # head's rows of those tokens [K, H] and each row's offset to its target id [K]
-        self.vocab_rows: Optional[torch.Tensor] = None
+        # head's rows of those tokens (H -> K) and each row's offset to its target id [K]
+        self.vocab_head: Optional[torch.nn.Linear] = None
         self.vocab_d2t: Optional[torch.Tensor] = None
         if draft_vocab is not None and not self.eagle3:
-            ids, self.vocab_rows = vocabulary_rows(target.lm_head.weight, draft_vocab)
+            ids, self.vocab_head = vocabulary_projection(target.lm_head.weight, draft_vocab)
             self.vocab_d2t = ids - torch.arange(len(ids), device=ids.device)
         self.needs_aux = self.eagle3
         self._spare_start = max_seq_len + SCRATCH
@@ -156,8 +156,8 @@ class EagleDrafter:
         drafting vocabulary), the draft-to-target id offsets [V']."""
         if self.eagle3:
             return torch.log_softmax(self.head.draft_logits(hidden) / temperature, dim=-1), self.head.d2t
-        if self.vocab_rows is not None:
-            logits = torch.nn.functional.linear(hidden, self.vocab_rows).float()  # [..., K]
+        if self.vocab_head is not None:
+            logits = self.vocab_head(hidden).float()  # [..., K]
             return torch.log_softmax(logits / temperature, dim=-1), self.vocab_d2t
         return torch.log_softmax(self.target.logits(hidden) / temperature, dim=-1), None
 

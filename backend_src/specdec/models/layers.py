@@ -358,6 +358,17 @@ def vocabulary_rows(weight: torch.Tensor, token_ids: torch.Tensor) -> tuple[torc
     return ids, weight.detach()[ids].contiguous()
 
 
+def vocabulary_projection(weight: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, nn.Linear]:
+    """`vocabulary_rows` as an `nn.Linear` without bias (H -> K): a module, so that on
+    the CPU in float32 the engine routes its calls as it does every other linear's
+    (models/cpu_linear.py). Through `F.linear` on the bare rows, EAGLE-2's drafting
+    depths paid MKL's sgemm, which repacks the rows at every call."""
+    ids, rows = vocabulary_rows(weight, token_ids)
+    projection = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+    projection.weight = nn.Parameter(rows, requires_grad=False)
+    return ids, projection
+
+
 def causal_mask(B: int, T: int, device) -> torch.Tensor:
     """[B, T, T] bool lower-triangular: the local mask of a chain of tokens."""
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None].expand(B, T, T)
