@@ -65,7 +65,8 @@ ONEDNN_PACK_ROWS = 16  # the row count oneDNN's copy of a weight is laid out for
 Timing = tuple[int, float, float, float]  # (rows, F.linear ms, oneDNN ms, MKL packed ms; inf: not timed)
 
 
-_ONEDNN_PREPACKED = hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# this torch build can lay a weight out for ONEDNN_PACK_ROWS rows and call it on dense inputs
+_ONEDNN_PREPACKED = all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
 
 
 def _step(rows: int) -> int:
