@@ -350,20 +350,15 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def vocabulary_rows(weight: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A drafting vocabulary's ids [K] (long, on `weight`'s device) and a copy of the
-    vocabulary projection's rows for them [K, H] (row i scores token_ids[i]), detached:
-    what a drafter keeps of an LM head [V, H] to score only those tokens."""
-    ids = token_ids.to(device=weight.device, dtype=torch.long)
-    return ids, weight.detach()[ids].contiguous()
-
-
 def vocabulary_projection(weight: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, nn.Linear]:
-    """`vocabulary_rows` as an `nn.Linear` without bias (H -> K): a module, so that on
-    the CPU in float32 the engine routes its calls as it does every other linear's
-    (models/cpu_linear.py). Through `F.linear` on the bare rows, EAGLE-2's drafting
-    depths paid MKL's sgemm, which repacks the rows at every call."""
-    ids, rows = vocabulary_rows(weight, token_ids)
+    """A drafting vocabulary's ids [K] (long, on `weight`'s device) and an `nn.Linear`
+    without bias (H -> K) holding a detached copy of the vocabulary projection's rows for
+    them (output i scores token_ids[i]): what a drafter keeps of an LM head [V, H] to score
+    only those tokens. A module, so that on the CPU in float32 the engine routes its calls
+    as it does every other linear's (models/cpu_linear.py); through `F.linear` on the bare
+    rows, EAGLE-2's drafting depths paid MKL's sgemm, which repacks the rows at every call."""
+    ids = token_ids.to(device=weight.device, dtype=torch.long)
+    rows = weight.detach()[ids].contiguous()  # [K, H]
     projection = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
     projection.weight = nn.Parameter(rows, requires_grad=False)
     return ids, projection

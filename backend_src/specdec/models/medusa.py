@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .checkpoint import load_state_dict, read_config
-from .layers import vocabulary_rows
+from .layers import vocabulary_projection
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin")
 
@@ -55,11 +55,7 @@ class MedusaHeads(nn.ModuleList):
         and the full [V, H] projections are freed (on SmolLM2 four heads of 113 MB in
         float32)."""
         for head in self:
-            full = head[-1]
-            with torch.device("meta"):  # no random init of weights replaced at once
-                rows = nn.Linear(full.in_features, len(token_ids), bias=False)
-            rows.weight = nn.Parameter(vocabulary_rows(full.weight, token_ids)[1], requires_grad=False)
-            head[-1] = rows
+            head[-1] = vocabulary_projection(head[-1].weight, token_ids)[1]
         self.rows = token_ids.to(dtype=torch.long)
 
     @staticmethod
