@@ -16,7 +16,7 @@ from specdec.models import cpu_linear
 from specdec.models.cpu_linear import (COPY_MARGIN, ROW_LADDER, PackedCpuLinear, RowRouting, choose_row_paths,
                                        mkl_packs_allowed, onednn_available, packed_layers, plan_paths,
                                        use_packed_cpu_linears)
-from specdec.models.layers import MLP
+from specdec.models.layers import MLP, Attention, LlamaShape
 
 from engine_helpers import make_engine
 
@@ -138,6 +138,35 @@ def test_measuring_is_skipped_when_the_environment_asks_for_onednn(monkeypatch):
     packed = packed_copy(nn.Linear(8, 8))
     assert choose_row_paths([packed]) is None
     assert packed.routing.onednn(1) and packed.routing.onednn(2) and packed.routing.onednn(500)
+
+
+def test_the_catch_up_queries_call_no_bare_f_linear(monkeypatch):
+    """The `queries` path (an EAGLE head catching up) projects k/v over every token and q
+    at one position per row: both through modules the routing turns (`kv`, a view of
+    the fused weight's k/v rows, and q_proj), not F.linear on slices (MKL's sgemm), and
+    its output equals the unrouted forward's."""
+    torch.manual_seed(5)
+    shape = LlamaShape.from_config(dict(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, attention_bias=True))
+    attn = Attention(shape)
+    attn.fuse()
+    assert attn.kv.weight.untyped_storage().data_ptr() == attn.qkv.weight.untyped_storage().data_ptr()
+    x = torch.randn(2, 5, 64)
+    cos, sin = torch.ones(2, 1, 5, 16), torch.zeros(2, 1, 5, 16)
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    queries = torch.tensor([4, 2])
+    with torch.inference_mode():
+        want = attn(x, cos, sin, mask, queries=queries)
+    use_packed_cpu_linears(attn)
+    fake_timings(monkeypatch, 1)  # oneDNN at every row count
+    choose_row_paths(packed_layers(attn), max_rows=8)
+    bare = []
+    real_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: bare.append(tuple(w.shape)) or real_linear(x, w, b))
+    with torch.inference_mode():
+        got = attn(x, cos, sin, mask, queries=queries)  # [2, 1, 64]
+    assert bare == []
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_routing_describes_itself():

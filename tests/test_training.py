@@ -484,3 +484,22 @@ def test_the_heads_record_what_share_of_held_out_answers_each_vocabulary_holds(r
     assert covered == {"train_vocab": share(train_vocab), "draft_vocab": share(draft_vocab),
                        "draft_vocab_self_distilled": share(draft_vocab)}
     assert 0 < covered["draft_vocab"] < covered["train_vocab"] < 1  # the smaller vocabulary holds fewer
+
+
+def test_the_held_out_code_requests_are_what_the_script_writes_and_outside_training(tmp_path):
+    """docs/bench/heldout_code_questions.jsonl is heldout_code.py's output (same packages
+    installed), and none of its functions is one of the standard library's, every
+    training source's code (`local_code.py` and `self_distill.py` read only those)."""
+    sys.path.insert(0, str(ROOT / "tools" / "data"))
+    import heldout_code
+    import local_code
+    import self_distill
+    committed = ROOT / "docs" / "bench" / "heldout_code_questions.jsonl"
+    out = tmp_path / "code.jsonl"
+    assert heldout_code.main(["--out", str(out)]) == 0
+    assert out.read_text() == committed.read_text()
+    requests = [json.loads(line)["turns"][0] for line in committed.read_text().splitlines()]
+    stdlib = {fn["name"] + fn["args"] for fn in self_distill.documented_functions(local_code.stdlib_sources(), 10_000)}
+    asked = {turn.split("`")[1] if turn.startswith("Write") else turn.split("def ")[1].split(":\n")[0]
+             for turn in requests}
+    assert len(asked) == len(requests) and not asked & stdlib

@@ -40,6 +40,10 @@
 #              model wrote with tools/data/self_distill.py --first 50000, seeds no training round
 #              used), adaptive speculation on: plain decoding, EAGLE-3, and a pinned 3-node tree;
 #              what the adaptive policy's constants may be tuned on
+# adaptive-vs-pinned  bench.py latency on the held-out requests of three kinds, adaptive speculation on:
+#              chat (above), steered chat (heldout_steered_questions.jsonl, 13) and code (heldout_code_questions.jsonl:
+#              functions of installed packages no training source read, tools/data/heldout_code.py); plain
+#              decoding, EAGLE-3 and EAGLE-2 as served, and EAGLE-3 pinned to 3, 4, 8 and 16 nodes beside them
 # sampled-heldout  the same 14 requests sampled (temperature 0.8, top-p 0.95, seeded): plain decoding,
 #              EAGLE-3 with 3 and 16 nodes, EAGLE-2 with 16, transformers' sampling; then unseeded (as
 #              OpenAI clients send them), adaptive speculation on: plain decoding, EAGLE-3 as served, and
@@ -129,6 +133,16 @@ for stage in "${stages[@]}"; do
       $PY tools/bench/bench.py latency --question-set docs/bench/heldout_chat_questions.jsonl --num-requests 14 \
         --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --adaptive on --compare none,eagle3,eagle3@3 \
         --report-json "$OUT/latency_adaptive_heldout.json" --markdown "$OUT/latency_adaptive_heldout.md" ;;
+    adaptive-vs-pinned)
+      # JSON (25 KB a set) to .cache/bench/, the tables to docs/bench/
+      mkdir -p .cache/bench
+      for held in chat steered code; do
+        $PY tools/bench/bench.py latency --question-set "docs/bench/heldout_${held}_questions.jsonl" \
+          --num-requests 14 --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --adaptive on \
+          --compare none,eagle3,eagle2,eagle3@3,eagle3@4,eagle3@8,eagle3@16 \
+          --report-json ".cache/bench/latency_adaptive_vs_pinned_$held.json" \
+          --markdown "$OUT/latency_adaptive_vs_pinned_$held.md"
+      done ;;
     sampled-heldout)
       $PY tools/bench/bench.py latency --question-set docs/bench/heldout_chat_questions.jsonl --num-requests 14 \
         --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --temperature 0.8 --top-p 0.95 \

@@ -85,14 +85,21 @@ class Conversation:
 def stdlib_functions(limit_source_lines: int = 30) -> list[dict]:
     """Public functions with a docstring from the running interpreter's standard library,
     sorted by module and name (deterministic on one Python version)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    return documented_functions(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")), limit_source_lines)
+
+
+def documented_functions(paths: list[Path], limit_source_lines: int = 30) -> list[dict]:
+    """The module-level public functions of `paths` (in their order) with a docstring of
+    40 characters or more and at most `limit_source_lines` lines: name, args, the
+    docstring's first paragraph on one line, source."""
     found = []
-    for path in sorted(root.glob("*.py")):
+    for path in paths:
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
         except (SyntaxError, UnicodeDecodeError):
             continue
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = text.splitlines()
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
                 continue

@@ -67,8 +67,8 @@ def save_draft(draft: LlamaModel, cfg: dict, out: Path, meta: dict) -> None:
             if k.startswith(("model.layers.", "model.norm.")) and k.endswith((".weight", ".bias"))}
     state = {}
     for k, v in keep.items():
-        parts = k.split(".")  # the engine also holds fused copies (qkv, gate_up): keep the HF-named weights
-        if parts[-2] in ("qkv", "gate_up"):
+        parts = k.split(".")  # the engine also holds fused copies (qkv, kv, gate_up): keep the HF-named weights
+        if parts[-2] in ("qkv", "kv", "gate_up"):
             continue
         state[k] = v.detach().to(torch.float16).contiguous()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -143,12 +143,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, shape.hidden_size, bias=False)
         self.split_sizes = (self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
         self.qkv: Optional[nn.Linear] = None  # set by fuse(): one matmul instead of three
+        self.kv: Optional[nn.Linear] = None  # set by fuse(): k/v as one matmul, for `queries`
 
     def fuse(self) -> None:
         """Serving only: q/k/v projections as one matmul (fewer kernel launches and
         Python calls per layer). The separate modules stay for state-dict names, their
-        weights views into the fused one."""
+        weights views into the fused one; so does `kv`, the k/v rows as a module of their
+        own, so that the CPU's routing (models/cpu_linear.py) takes the `queries` path's
+        matmul over every token too."""
         self.qkv = _fused_linear(self.q_proj, self.k_proj, self.v_proj)
+        n_q = self.split_sizes[0]
+        self.kv = _view_linear(self.qkv.weight[n_q:], None if self.qkv.bias is None else self.qkv.bias[n_q:])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: Optional[KVCache] = None, layer: int = 0,
@@ -163,11 +168,8 @@ class Attention(nn.Module):
             cos_q, sin_q = cos, sin
         else:
             x_q = at_positions(x, queries)  # [B, 1, in]
-            if self.qkv is not None:
-                n_q = self.split_sizes[0]
-                w, b = self.qkv.weight, self.qkv.bias
-                q = F.linear(x_q, w[:n_q], None if b is None else b[:n_q])
-                k, v = F.linear(x, w[n_q:], None if b is None else b[n_q:]).split(self.split_sizes[1:], dim=-1)
+            if self.qkv is not None and self.kv is not None:
+                q, (k, v) = self.q_proj(x_q), self.kv(x).split(self.split_sizes[1:], dim=-1)
             else:
                 q, k, v = self.q_proj(x_q), self.k_proj(x), self.v_proj(x)
             cos_q, sin_q = at_positions(cos, queries, dim=2), at_positions(sin, queries, dim=2)
@@ -312,6 +314,15 @@ def _fused_linear(*parts: nn.Linear) -> nn.Linear:
             p.bias = nn.Parameter(b[start: start + rows], requires_grad=False)
         start += rows
     return fused
+
+
+def _view_linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
+    """A Linear over `weight` ([out, in]) and `bias` as they are (views stay views)."""
+    view = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    view.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        view.bias = nn.Parameter(bias, requires_grad=False)
+    return view
 
 
 def fuse_projections(module: nn.Module) -> nn.Module:
