@@ -37,7 +37,7 @@ def _head(kind: str):
     if kind == "unfused":
         for m in head.modules():
             if isinstance(m, Attention):
-                m.qkv = None
+                m.qkv = m.kv = None
             if isinstance(m, MLP):
                 m.gate_up = None
     return head

@@ -168,7 +168,7 @@ class Attention(nn.Module):
             cos_q, sin_q = cos, sin
         else:
             x_q = at_positions(x, queries)  # [B, 1, in]
-            if self.qkv is not None and self.kv is not None:
+            if self.kv is not None:
                 q, (k, v) = self.q_proj(x_q), self.kv(x).split(self.split_sizes[1:], dim=-1)
             else:
                 q, k, v = self.q_proj(x_q), self.k_proj(x), self.v_proj(x)
@@ -302,10 +302,7 @@ def _fused_linear(*parts: nn.Linear) -> nn.Linear:
     w = torch.cat([p.weight.detach() for p in parts], dim=0)
     has_bias = parts[0].bias is not None
     b = torch.cat([p.bias.detach() for p in parts]) if has_bias else None
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device="meta")
-    fused.weight = nn.Parameter(w, requires_grad=False)
-    if has_bias:
-        fused.bias = nn.Parameter(b, requires_grad=False)
+    fused = _view_linear(w, b)
     start = 0
     for p in parts:
         rows = p.weight.shape[0]
@@ -317,7 +314,8 @@ def _fused_linear(*parts: nn.Linear) -> nn.Linear:
 
 
 def _view_linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
-    """A Linear over `weight` ([out, in]) and `bias` as they are (views stay views)."""
+    """A Linear over `weight` ([out, in]) and `bias` as they are, without autograd
+    (views stay views; no random initialisation to throw away)."""
     view = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
     view.weight = nn.Parameter(weight, requires_grad=False)
     if bias is not None:
@@ -369,10 +367,7 @@ def vocabulary_projection(weight: torch.Tensor, token_ids: torch.Tensor) -> tupl
     as it does every other linear's (models/cpu_linear.py); through `F.linear` on the bare
     rows, EAGLE-2's drafting depths paid MKL's sgemm, which repacks the rows at every call."""
     ids = token_ids.to(device=weight.device, dtype=torch.long)
-    rows = weight.detach()[ids].contiguous()  # [K, H]
-    projection = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
-    projection.weight = nn.Parameter(rows, requires_grad=False)
-    return ids, projection
+    return ids, _view_linear(weight.detach()[ids].contiguous(), None)  # rows [K, H]
 
 
 def causal_mask(B: int, T: int, device) -> torch.Tensor:
