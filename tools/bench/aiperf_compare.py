@@ -261,7 +261,7 @@ def report(labelled: dict[str, dict[tuple[str, str], dict]], json_out: Path | No
         texts.append(f"== {title} ==\n{gpc.format_table(rows)}")
         md.append(f"**{title}**\n\n{gpc.format_markdown(rows)}")
         export[title] = {"runs": runs, "rows": rows}
-    for path, text in ((json_out, json.dumps(export, indent=2) + "\n"),
+    for path, text in ((json_out, json.dumps(export, separators=(",", ":")) + "\n"),
                        (markdown, "\n\n".join(md + ([footer] if footer else [])) + "\n")):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

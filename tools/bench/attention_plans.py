@@ -77,7 +77,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
         args.report_json.write_text(json.dumps(dict(
             tool="tools/bench/attention_plans.py", command=" ".join(sys.argv), torch=torch.__version__,
-            gpu=torch.cuda.get_device_name(0), cudnn=torch.backends.cudnn.version(), rows=rows), indent=1) + "\n")
+            gpu=torch.cuda.get_device_name(0), cudnn=torch.backends.cudnn.version(), rows=rows),
+            separators=(",", ":")) + "\n")
     return 0
 
 

@@ -1010,7 +1010,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     )
     if args.report_json:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
-        args.report_json.write_text(json.dumps(report, indent=2) + "\n")
+        args.report_json.write_text(json.dumps(report, separators=(",", ":")) + "\n")
         print(f"wrote {args.report_json}", file=sys.stderr)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -177,7 +177,7 @@ def main(argv=None) -> None:
         args.report_json.write_text(json.dumps(
             {"machine": info, "command": command, "median": med,
              "rounds": [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} for r in rounds]},
-            indent=1) + "\n")
+            separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":

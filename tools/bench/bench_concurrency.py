@@ -572,7 +572,7 @@ def run_benchmark(args) -> dict:
         report["plots"] = [str(p) for p in write_plots(plot, points, configs)]
     if args.report_json:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
-        args.report_json.write_text(json.dumps(report, indent=1))
+        args.report_json.write_text(json.dumps(report, separators=(",", ":")))
     return report
 
 

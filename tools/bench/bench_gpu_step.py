@@ -431,7 +431,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(format_report(report))
     if args.report_json is not None:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
-        args.report_json.write_text(json.dumps(report, indent=2) + "\n")
+        args.report_json.write_text(json.dumps(report, separators=(",", ":")) + "\n")
         print(f"wrote {args.report_json}")
     return 0
 

@@ -177,7 +177,7 @@ def main(argv=None) -> None:
         args.report_md.write_text(report)
     if args.report_json:
         args.report_json.write_text(json.dumps({"machine": info, "command": command, "median": median,
-                                                "peak_rss_mib": peak, "runs": runs}, indent=1) + "\n")
+                                                "peak_rss_mib": peak, "runs": runs}, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":

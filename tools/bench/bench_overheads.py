@@ -525,7 +525,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"max |diff| {row['max_abs_diff']:.1e})")
     if args.report_json:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
-        args.report_json.write_text(json.dumps(report, indent=1))
+        args.report_json.write_text(json.dumps(report, separators=(",", ":")))
     return 0
 
 

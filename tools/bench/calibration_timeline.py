@@ -174,7 +174,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                       cudnn_attention=torch.backends.cuda.cudnn_sdp_enabled(), costs=notes, calls=recorder.calls,
                       eagle2_profile=table)
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
-        args.report_json.write_text(json.dumps(report, indent=1) + "\n")
+        args.report_json.write_text(json.dumps(report, separators=(",", ":")) + "\n")
     return 0
 
 

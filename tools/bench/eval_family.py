@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                   shipped_tokens=shipped_tokens())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        args.json.write_text(json.dumps(report, separators=(",", ":")) + "\n")
     if args.model_card:
         text = args.model_card.read_text()
         start, end = text.index(CARD_BEGIN), text.index(CARD_END) + len(CARD_END)

@@ -447,7 +447,7 @@ def report(results: dict[str, dict], json_out: Path | None, markdown: Path | Non
         md.append(f"**{stim}**\n\n{format_markdown(rows)}")
         export[stim] = {"runs": runs, "rows": rows}
     md_text = "\n\n".join(md + ([footer] if footer else [])) + "\n"
-    for path, text in ((json_out, json.dumps(export, indent=2) + "\n"), (markdown, md_text)):
+    for path, text in ((json_out, json.dumps(export, separators=(",", ":")) + "\n"), (markdown, md_text)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(text)
     if args.json_out:
-        args.json_out.write_text(json.dumps(rows, indent=1) + "\n")
+        args.json_out.write_text(json.dumps(rows, separators=(",", ":")) + "\n")
     return 0
 
 

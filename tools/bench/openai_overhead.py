@@ -350,7 +350,7 @@ def main(argv=None) -> int:
         report = {"machine": machine_info("cpu"), "args": {k: str(portable(v)) for k, v in vars(args).items()},
                   "rows": rows, "runs": [vars(r) | {"tokens_per_s": r.tokens_per_s} for r in runs]}
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+        args.json_out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
     return 0
 
 

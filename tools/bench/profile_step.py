@@ -263,7 +263,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"\n-- {m}: torch.profiler, {key}\n{table}")
     if args.report_json:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
-        args.report_json.write_text(json.dumps(report, indent=1, default=str))
+        args.report_json.write_text(json.dumps(report, separators=(",", ":"), default=str))
     if args.markdown:
         args.markdown.write_text(text + "\n")
     return 0
