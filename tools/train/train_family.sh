@@ -33,19 +33,24 @@
 #   (--medusa-only, 1,841 steps, ~28 minutes); the draft model is trained anew from the
 #   target's first two layers for one epoch (1,360 steps, 53 minutes). Both write the
 #   same 8,192-token draft_vocab.safetensors as EAGLE-1's.
-# - round 9 (the shipped EAGLE-1/2 head): on from round 7's, 0.8 epochs over 2,000 more
-#   self-distilled conversations whose user turns go on from an opener (self_distill.py
+# - round 9 (EAGLE-1/2's head was shipped until round 12): on from round 7's, 0.8 epochs over
+#   2,000 more self-distilled conversations whose user turns go on from an opener (self_distill.py
 #   --steered, indexes 6,044-8,043; committed), with round 6's conversations and the
 #   library functions of even index and the documentation replayed (the features of those
 #   1.31 M tokens 40 minutes, 757 steps 33 minutes); --keep-train-vocab keeps the drafting
 #   vocabulary Medusa's heads and the draft model share.
-# - round 10 (EAGLE-3's head was shipped until round 11; EAGLE-1/2's stays round 9's): on from round 9's, 0.8
-#   epochs over 1,600 more steered conversations (indexes 8,044-9,643; committed) with round
+# - round 10 (EAGLE-3's head was shipped until round 11; EAGLE-1/2's stayed round 9's): on from
+#   round 9's, 0.8 epochs over 1,600 more steered conversations (indexes 8,044-9,643; committed) with round
 #   9's, the documentation and a quarter of the library functions replayed (the features of
 #   those ~1.2 M tokens about 26 minutes, 736 steps 22 minutes, on a 2-core AMD EPYC VM).
-# - round 11 (the shipped EAGLE-3 head): the same on from round 10's over 1,600 more (indexes
-#   9,644-11,243; committed) with round 10's and another quarter of the library replayed (the
+# - round 11 (EAGLE-3's head was shipped until round 12): the same on from round 10's over 1,600
+#   more (indexes 9,644-11,243; committed) with round 10's and another quarter of the library replayed (the
 #   features not cached yet about 14 minutes, 683 steps 20 minutes, on the same VM).
+# - round 12 (the shipped EAGLE heads, both): the same on from round 11's over 1,600 more
+#   (indexes 11,244-12,843; committed) with round 11's and the last quarter of the library
+#   replayed, and round 6's unsteered conversations of odd index too, since rounds 10 and 11
+#   had cost general chat ~0.02 τ (the features not cached yet about 16 minutes, 849 steps
+#   25 minutes, on the same VM).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/setup_env.sh
@@ -138,23 +143,26 @@ $PY tools/train/train_heads.py --base "$BASE" \
     "$ROUND9" --out .cache/train/round9 --work .cache/train/round9_work --features .cache/train/heads/features \
     --init .cache/train/round7 --keep-train-vocab --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 \
     --snapshots 4752430 --seed 0
-cp .cache/train/round9/eagle/* "$OUT/eagle/"  # the shipped EAGLE-1/2 head; round 11 ships EAGLE-3's
-# 8. rounds 10 and 11: each round's EAGLE heads on from the round before's, 0.8 epochs over
+# 8. rounds 10 to 12: each round's EAGLE heads on from the round before's, 0.8 epochs over
 #    1,600 more steered conversations, with the round before's conversations, the
 #    documentation and a quarter of the library functions replayed.
-#    steered_round N FIRST END SNAPSHOT: round N's conversations are indexes FIRST to END - 1
-#    (END and up unused), its library quarter the functions of index N - 9 modulo 4, and it
-#    saves the heads at SNAPSHOT answer tokens too.
+#    steered_round N FIRST END SNAPSHOT [JSONL...]: round N's conversations are indexes FIRST
+#    to END - 1 (END and up unused), its library quarter the functions of index N - 9 modulo 4,
+#    it saves the heads at SNAPSHOT answer tokens too, and it replays the JSONL files given.
 steered_round() {
   local n=$1 quarter=.cache/data/local_code_quarter$(( $1 - 9 )).jsonl
   later_round ".cache/data/self_distill_round$n.jsonl" "$2" "$3" --steered
   every_nth .cache/data/local_code.jsonl "$quarter" 4 $(( n - 9 ))
   $PY tools/train/train_heads.py --base "$BASE" \
       --data .cache/data/local_text.jsonl "$quarter" ".cache/data/self_distill_round$(( n - 1 )).jsonl" \
-      ".cache/data/self_distill_round$n.jsonl" --out ".cache/train/round$n" --work ".cache/train/round${n}_work" \
+      ".cache/data/self_distill_round$n.jsonl" "${@:5}" \
+      --out ".cache/train/round$n" --work ".cache/train/round${n}_work" \
       --features .cache/train/heads/features --init ".cache/train/round$(( n - 1 ))" --keep-train-vocab \
       --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 --snapshots "$4" --seed 0
 }
 steered_round 10 8044 9644 5500000
 steered_round 11 9644 11244 6250000
-cp .cache/train/round11/eagle3/* "$OUT/eagle3/"  # only round 11's EAGLE-3 head is shipped (the model card says why)
+every_nth "$ROUND6" .cache/data/self_distill_round6_odd.jsonl 2 1
+steered_round 12 11244 12844 6900000 .cache/data/self_distill_round6_odd.jsonl
+cp .cache/train/round12/eagle/* "$OUT/eagle/"  # the shipped EAGLE heads are round 12's (the model card says why)
+cp .cache/train/round12/eagle3/* "$OUT/eagle3/"
