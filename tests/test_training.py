@@ -186,7 +186,7 @@ def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
     """Each later round's committed conversations follow the earlier ones' indexes without
     reusing one: round 5's 2,320 of indexes 1,488-3,907 (the writing was stopped with its
     last batch in flight), as train_family.sh's comment and the model card say; round 6's,
-    round 9's, round 10's and round 11's after them."""
+    round 9's, round 10's, round 11's and round 12's after them."""
     import lzma
     first = {json.loads(line)["index"] for line in lzma.decompress(COMMITTED_DATA.read_bytes()).splitlines()}
     round5_file = COMMITTED_DATA.with_name("self_distill_round5.jsonl.xz")
@@ -213,11 +213,12 @@ def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
                lzma.decompress(COMMITTED_DATA.with_name("self_distill_round10.jsonl.xz").read_bytes()).splitlines()]
     assert sorted(r["index"] for r in round10) == list(range(8044, 9644))
     assert {r["kind"] for r in round10} == {"steered", "code"}
-    # Round 11's (the shipped EAGLE-3 head): 1,600 more, indexes 9,644-11,243, none missing.
-    round11 = [json.loads(line) for line in
-               lzma.decompress(COMMITTED_DATA.with_name("self_distill_round11.jsonl.xz").read_bytes()).splitlines()]
-    assert sorted(r["index"] for r in round11) == list(range(9644, 11244))
-    assert {r["kind"] for r in round11} == {"steered", "code"}
+    # Rounds 11's and 12's (the shipped EAGLE heads): 1,600 more each, indexes 9,644-11,243
+    # and 11,244-12,843, none missing.
+    for name, first_index in (("self_distill_round11.jsonl.xz", 9644), ("self_distill_round12.jsonl.xz", 11244)):
+        later = [json.loads(line) for line in lzma.decompress(COMMITTED_DATA.with_name(name).read_bytes()).splitlines()]
+        assert sorted(r["index"] for r in later) == list(range(first_index, first_index + 1600))
+        assert {r["kind"] for r in later} == {"steered", "code"}
 
 
 @pytest.mark.skipif(not (setup_model.FAMILY_DIR / "base" / "tokenizer.json").is_file(),
