@@ -33,19 +33,21 @@
 #   (--medusa-only, 1,841 steps, ~28 minutes); the draft model is trained anew from the
 #   target's first two layers for one epoch (1,360 steps, 53 minutes). Both write the
 #   same 8,192-token draft_vocab.safetensors as EAGLE-1's.
-# - round 9 (EAGLE-1/2's head was shipped until round 12): on from round 7's, 0.8 epochs over
-#   2,000 more self-distilled conversations whose user turns go on from an opener (self_distill.py
-#   --steered, indexes 6,044-8,043; committed), with round 6's conversations and the
-#   library functions of even index and the documentation replayed (the features of those
-#   1.31 M tokens 40 minutes, 757 steps 33 minutes); --keep-train-vocab keeps the drafting
-#   vocabulary Medusa's heads and the draft model share.
-# - round 10 (EAGLE-3's head was shipped until round 11; EAGLE-1/2's stayed round 9's): on from
-#   round 9's, 0.8 epochs over 1,600 more steered conversations (indexes 8,044-9,643; committed) with round
-#   9's, the documentation and a quarter of the library functions replayed (the features of
-#   those ~1.2 M tokens about 26 minutes, 736 steps 22 minutes, on a 2-core AMD EPYC VM).
-# - round 11 (EAGLE-3's head was shipped until round 12): the same on from round 10's over 1,600
-#   more (indexes 9,644-11,243; committed) with round 10's and another quarter of the library replayed (the
-#   features not cached yet about 14 minutes, 683 steps 20 minutes, on the same VM).
+# - round 9 (EAGLE-1/2's head was shipped until round 12): on from round 7's, 0.8 epochs
+#   over 2,000 more self-distilled conversations whose user turns go on from an opener
+#   (self_distill.py --steered, indexes 6,044-8,043; committed), with round 6's
+#   conversations and the library functions of even index and the documentation replayed
+#   (the features of those 1.31 M tokens 40 minutes, 757 steps 33 minutes);
+#   --keep-train-vocab keeps the drafting vocabulary Medusa's heads and the draft model share.
+# - round 10 (EAGLE-3's head was shipped until round 11; EAGLE-1/2's stayed round 9's): on
+#   from round 9's, 0.8 epochs over 1,600 more steered conversations (indexes 8,044-9,643;
+#   committed) with round 9's, the documentation and a quarter of the library functions
+#   replayed (the features of those ~1.2 M tokens about 26 minutes, 736 steps 22 minutes,
+#   on a 2-core AMD EPYC VM).
+# - round 11 (EAGLE-3's head was shipped until round 12): the same on from round 10's over
+#   1,600 more (indexes 9,644-11,243; committed) with round 10's and another quarter of the
+#   library replayed (the features not cached yet about 14 minutes, 683 steps 20 minutes,
+#   on the same VM).
 # - round 12 (the shipped EAGLE heads, both): the same on from round 11's over 1,600 more
 #   (indexes 11,244-12,843; committed) with round 11's and the last quarter of the library
 #   replayed, and round 6's unsteered conversations of odd index too, since rounds 10 and 11
