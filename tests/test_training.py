@@ -80,6 +80,7 @@ def test_heads_and_draft_train_into_layouts_that_setup_completes_and_the_engine_
     # heads saved before training wrote them
     assert engine.drafters["eagle2"].vocab_d2t is not None
     written = load_file(str(out / "eagle" / DRAFT_VOCAB_FILE))["token_ids"]
+    assert written.dtype == torch.int32  # half of int64's bytes in the committed folders
     for method, folder in (("medusa", "medusa"), ("draft_model", "draft")):
         assert torch.equal(load_file(str(tmp / "served" / folder / DRAFT_VOCAB_FILE))["token_ids"], written)
         assert torch.equal(engine.drafters[method].vocab_ids, written)
@@ -177,6 +178,15 @@ def test_committed_conversations_unpack_to_what_packs_to_them_again(tmp_path):
     assert all(list(r)[:4] == ["index", "kind", "user", "answer"] and r["answer"] for r in answered)
     packed_conversations.pack(unpacked, again, tokenizer)
     assert again.read_bytes() == COMMITTED_DATA.read_bytes()
+    # every prompt is the chat template around its user text, so none of their ids are committed
+    import lzma
+    committed = [json.loads(line) for line in lzma.decompress(COMMITTED_DATA.read_bytes()).splitlines()]
+    assert sum("answer_ids" in r for r in committed) == 1400 and not any("input_ids" in r for r in committed)
+    # a prompt the template does not rebuild keeps its ids, and unpacks as it was
+    odd = dict(answered[0], input_ids=[answered[0]["input_ids"][1]] + answered[0]["input_ids"][1:])
+    packed = packed_conversations.pack_lines([json.dumps(odd)], tokenizer)
+    assert "input_ids" in json.loads(packed[0])
+    assert packed_conversations.unpack_lines(packed, tokenizer) == [json.dumps(odd)]
     answered[0]["answer"] += " (edited)"
     with pytest.raises(ValueError, match="line 1: the answer text is not"):
         packed_conversations.pack_lines([json.dumps(answered[0])], tokenizer)

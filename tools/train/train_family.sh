@@ -145,16 +145,18 @@ $PY tools/train/train_heads.py --base "$BASE" \
     "$ROUND9" --out .cache/train/round9 --work .cache/train/round9_work --features .cache/train/heads/features \
     --init .cache/train/round7 --keep-train-vocab --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 \
     --snapshots 4752430 --seed 0
-# 8. rounds 10 to 12: each round's EAGLE heads on from the round before's, 0.8 epochs over
+# 8. rounds 10 to 13: each round's EAGLE heads on from the round before's, 0.8 epochs over
 #    1,600 more steered conversations, with the round before's conversations, the
 #    documentation and a quarter of the library functions replayed.
 #    steered_round N FIRST END SNAPSHOT [JSONL...]: round N's conversations are indexes FIRST
-#    to END - 1 (END and up unused), its library quarter the functions of index N - 9 modulo 4,
-#    it saves the heads at SNAPSHOT answer tokens too, and it replays the JSONL files given.
+#    to END - 1 (END and up unused), its library quarter the functions whose index is N - 9
+#    modulo 4, it saves the heads at SNAPSHOT answer tokens too, and it replays the JSONL files
+#    given.
 steered_round() {
-  local n=$1 quarter=.cache/data/local_code_quarter$(( $1 - 9 )).jsonl
+  local n=$1 q=$(( ($1 - 9) % 4 ))
+  local quarter=.cache/data/local_code_quarter$q.jsonl
   later_round ".cache/data/self_distill_round$n.jsonl" "$2" "$3" --steered
-  every_nth .cache/data/local_code.jsonl "$quarter" 4 $(( n - 9 ))
+  every_nth .cache/data/local_code.jsonl "$quarter" 4 "$q"
   $PY tools/train/train_heads.py --base "$BASE" \
       --data .cache/data/local_text.jsonl "$quarter" ".cache/data/self_distill_round$(( n - 1 )).jsonl" \
       ".cache/data/self_distill_round$n.jsonl" "${@:5}" \
@@ -166,5 +168,7 @@ steered_round 10 8044 9644 5500000
 steered_round 11 9644 11244 6250000
 every_nth "$ROUND6" .cache/data/self_distill_round6_odd.jsonl 2 1
 steered_round 12 11244 12844 6900000 .cache/data/self_distill_round6_odd.jsonl
-cp .cache/train/round12/eagle/* "$OUT/eagle/"  # the shipped EAGLE heads are round 12's (the model card says why)
-cp .cache/train/round12/eagle3/* "$OUT/eagle3/"
+every_nth "$ROUND5" .cache/data/self_distill_round5_odd.jsonl 2 1
+steered_round 13 12844 14444 7800000 .cache/data/self_distill_round5_odd.jsonl
+cp .cache/train/round13/eagle/* "$OUT/eagle/"  # the shipped EAGLE heads are round 13's (the model card says why)
+cp .cache/train/round13/eagle3/* "$OUT/eagle3/"
