@@ -15,7 +15,7 @@
 #   round 3's conversations are kept in the cache, only the new ones are computed.
 # - round 5: on from round 4's, 0.6 epochs with 2,320 more
 #   self-distilled conversations (indexes 1,488-3,907 but for 100 of the last; committed
-#   as their own xz, 0.46 MB).
+#   as their own xz, 0.39 MB).
 #   Their indexes sort before the local sources'; the feature cache was then reused only
 #   as a prefix, so all of it was computed again (35 minutes; features.py now copies the
 #   rows it has by content and computes only the new conversations), then 856 steps
@@ -62,7 +62,7 @@ OUT=checkpoints/smollm2-135m-instruct
 DATA=(.cache/data/self_distill.jsonl .cache/data/local_text.jsonl)
 # 1. data: conversations the target writes itself, and chat-shaped local documentation.
 #    The self-distilled conversations the shipped heads saw are committed (xz without the
-#    answers' text, which unpacking decodes from their ids again; 0.32 MB) and unpacked
+#    answers' text and the prompts' ids, which unpacking rebuilds; 0.27 MB) and unpacked
 #    here instead of written again (40 minutes on 2 cores; batched float32 decoding does
 #    not repeat bit for bit from machine to machine, so a rewrite differs in a few
 #    conversations). self_distill.py then writes only what the file lacks.
