@@ -196,7 +196,7 @@ def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
     """Each later round's committed conversations follow the earlier ones' indexes without
     reusing one: round 5's 2,320 of indexes 1,488-3,907 (the writing was stopped with its
     last batch in flight), as train_family.sh's comment and the model card say; round 6's,
-    round 9's, round 10's, round 11's and round 12's after them."""
+    round 9's and those of rounds 10 to 13 after them."""
     import lzma
     first = {json.loads(line)["index"] for line in lzma.decompress(COMMITTED_DATA.read_bytes()).splitlines()}
     round5_file = COMMITTED_DATA.with_name("self_distill_round5.jsonl.xz")
@@ -218,10 +218,11 @@ def test_each_later_rounds_committed_data_follows_the_earlier_indexes():
     assert len(indexes) == len(set(indexes)) == 1968
     assert (min(indexes), max(indexes)) == (6044, 8043)
     assert {r["kind"] for r in round9} == {"steered", "code"}
-    # Rounds 10, 11 and 12 (12's are the shipped EAGLE heads): 1,600 more steered or code
-    # requests each, indexes 8,044-9,643, 9,644-11,243 and 11,244-12,843, none missing.
+    # Rounds 10 to 13 (the shipped EAGLE-1/2 head is 12's, the EAGLE-3 head 13's): 1,600 more
+    # steered or code requests each, indexes 8,044-9,643, 9,644-11,243, 11,244-12,843 and
+    # 12,844-14,443, none missing.
     for name, first_index in (("self_distill_round10.jsonl.xz", 8044), ("self_distill_round11.jsonl.xz", 9644),
-                              ("self_distill_round12.jsonl.xz", 11244)):
+                              ("self_distill_round12.jsonl.xz", 11244), ("self_distill_round13.jsonl.xz", 12844)):
         later = [json.loads(line) for line in lzma.decompress(COMMITTED_DATA.with_name(name).read_bytes()).splitlines()]
         assert sorted(r["index"] for r in later) == list(range(first_index, first_index + 1600))
         assert {r["kind"] for r in later} == {"steered", "code"}

@@ -170,5 +170,6 @@ every_nth "$ROUND6" .cache/data/self_distill_round6_odd.jsonl 2 1
 steered_round 12 11244 12844 6900000 .cache/data/self_distill_round6_odd.jsonl
 every_nth "$ROUND5" .cache/data/self_distill_round5_odd.jsonl 2 1
 steered_round 13 12844 14444 7800000 .cache/data/self_distill_round5_odd.jsonl
-cp .cache/train/round13/eagle/* "$OUT/eagle/"  # the shipped EAGLE heads are round 13's (the model card says why)
+# the shipped EAGLE-1/2 head is round 12's, the EAGLE-3 head round 13's (the model card says why)
+cp .cache/train/round12/eagle/* "$OUT/eagle/"
 cp .cache/train/round13/eagle3/* "$OUT/eagle3/"
