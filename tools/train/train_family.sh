@@ -48,11 +48,16 @@
 #   1,600 more (indexes 9,644-11,243; committed) with round 10's and another quarter of the
 #   library replayed (the features not cached yet about 14 minutes, 683 steps 20 minutes,
 #   on the same VM).
-# - round 12 (the shipped EAGLE heads, both): the same on from round 11's over 1,600 more
-#   (indexes 11,244-12,843; committed) with round 11's and the last quarter of the library
-#   replayed, and round 6's unsteered conversations of odd index too, since rounds 10 and 11
-#   had cost general chat ~0.02 τ (the features not cached yet about 16 minutes, 849 steps
-#   25 minutes, on the same VM).
+# - round 12 (the shipped EAGLE-1/2 head; its EAGLE-3 head was shipped until round 13): the
+#   same on from round 11's over 1,600 more (indexes 11,244-12,843; committed) with round
+#   11's and the last quarter of the library replayed, and round 6's unsteered conversations
+#   of odd index too, since rounds 10 and 11 had cost general chat ~0.02 τ (the features not
+#   cached yet about 16 minutes, 849 steps 25 minutes, on the same VM).
+# - round 13 (the shipped EAGLE-3 head; its EAGLE-1/2 head fell 0.012 τ short of the
+#   shipping rule): the same on from round 12's over 1,600 more (indexes 12,844-14,443;
+#   committed) with round 12's, the library quarter of index 0 modulo 4 and round 5's
+#   unsteered conversations of odd index replayed (the features not cached yet about 19
+#   minutes, 881 steps 26 minutes, on the same VM).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/setup_env.sh
