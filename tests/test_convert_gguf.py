@@ -31,7 +31,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import convert_gguf
 import setup_model
@@ -104,8 +104,10 @@ def _blocks(rng, qtype: Q, rows: int, cols: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, qtype: Q = Q.F32, arch: str = "llama", tied: bool = True, seed: int = 0,
-               eos_id: int | None = 2, pad_id: int | None = None, chat_template: str | None = CHATML) -> dict:
-    """Writes a tiny model at `path`; returns the weights the file encodes, HF names, float32."""
+               eos_id: int | None = 2, pad_id: int | None = None, chat_template: str | None = CHATML,
+               sampling: dict | None = None) -> dict:
+    """Writes a tiny model at `path`; returns the weights the file encodes, HF names, float32.
+    `sampling`: llama.cpp's `general.sampling.*` keys (without the prefix) and values."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny")
@@ -131,6 +133,8 @@ def write_gguf(path: Path, qtype: Q = Q.F32, arch: str = "llama", tied: bool = T
         w.add_pad_token_id(pad_id)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    for key, value in (sampling or {}).items():
+        (w.add_int32 if isinstance(value, int) else w.add_float32)(f"general.sampling.{key}", value)
 
     expected = {}
 
@@ -253,6 +257,40 @@ def test_special_tokens_in_config_and_tokenizer(tmp_path, eos_id, pad_id, templa
     assert len(tok) == VOCAB  # no token was added to name eos or pad
 
 
+@pytest.mark.parametrize("in_file,given,want", [
+    pytest.param({}, {}, {}, id="none"),
+    pytest.param({"temp": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05, "penalty_repeat": 1.1}, {},
+                 {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1},
+                 id="the-files"),
+    pytest.param({"temp": 0.6, "top_k": 20}, {"temperature": 0.2, "top_p": 0.9},
+                 {"temperature": 0.2, "top_p": 0.9, "top_k": 20}, id="given-over-the-files"),
+    pytest.param({}, {"temperature": 0.2, "top_p": 0.9}, {"temperature": 0.2, "top_p": 0.9}, id="given"),
+])
+def test_recommended_sampling_goes_into_generation_config(tmp_path, in_file, given, want):
+    """llama.cpp's `general.sampling.*` and `convert(sampling=...)` land in generation_config.json
+    as transformers reads it; a file that recommends none gets no sampling keys (greedy in HF)."""
+    write_gguf(tmp_path / "tiny.gguf", sampling=in_file)
+    out = convert_gguf.convert(tmp_path / "tiny.gguf", tmp_path / "hf", sampling=given)
+    generation = json.loads((out / "generation_config.json").read_text())
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+    assert {k: generation[k] for k in keys if k in generation} == want
+    assert generation.get("do_sample", False) == bool(want)
+    config = GenerationConfig.from_pretrained(str(out))
+    assert all(getattr(config, k) == pytest.approx(v) for k, v in want.items())
+
+
+def test_sampling_option_is_checked(tmp_path, capsys):
+    for bad in ("temperature", "beam=2", "top_k=0.5"):
+        with pytest.raises(SystemExit):
+            convert_gguf.main(["--gguf", str(tmp_path / "x.gguf"), "--out", str(tmp_path / "o"), "--sampling", bad])
+        assert "--sampling" in capsys.readouterr().err
+    write_gguf(tmp_path / "tiny.gguf")
+    assert convert_gguf.main(["--gguf", str(tmp_path / "tiny.gguf"), "--out", str(tmp_path / "hf"),
+                              "--sampling", "temperature=0.7", "--sampling", "top_k=40"]) == 0
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert (generation["temperature"], generation["top_k"], generation["do_sample"]) == (0.7, 40, True)
+
+
 REAL_BASE = setup_model.BASE_DIR  # .cache/smollm2/base
 
 
@@ -341,6 +379,9 @@ def test_real_smollm2_base_matches_transformers_gguf_loading(tmp_path, monkeypat
     with torch.no_grad():
         answer = base.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:]
     assert tok.decode(answer).startswith("ML stands for"), tok.decode(answer)
+    # the sampling setup writes for the front door's defaults: SmolLM2's model card's
+    generation = json.loads((REAL_BASE / "generation_config.json").read_text())
+    assert {k: generation.get(k) for k in setup_model.SMOLLM2_SAMPLING} == setup_model.SMOLLM2_SAMPLING
 
 
 def _not_a_gguf(tmp_path):

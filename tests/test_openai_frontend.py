@@ -301,6 +301,29 @@ def test_seeded_sampling_repeats(served):
     assert runs[0] == runs[1]
 
 
+def test_fields_left_out_take_the_models_sampling(served, e2e_base):
+    """A request that sets no temperature or top_p samples with what the served checkpoint's
+    generation_config.json recommends (vLLM's and SGLang's default), not with OpenAI's
+    temperature 1: seeded, it answers as a request that sends those values, on chat,
+    completions and SGLang's /generate."""
+    config = json.loads((e2e_base / "generation_config.json").read_text())
+    model = {k: config[k] for k in ("temperature", "top_p") if k in config}
+    if not model or model == {"temperature": 1.0, "top_p": 1.0}:
+        pytest.skip(f"{e2e_base} recommends no sampling of its own")
+    client = served.client()
+    kw = dict(model="speculative_decoding", messages=MESSAGES, max_tokens=24, seed=3, extra_body={"min_tokens": 24})
+    left_out = client.chat.completions.create(**kw).choices[0].message.content
+    assert left_out == client.chat.completions.create(**kw, **model).choices[0].message.content
+    assert left_out != client.chat.completions.create(**kw, temperature=1.0, top_p=1.0).choices[0].message.content
+    first = served.models[0]  # /generate's
+    kw = dict(model=first, prompt=PROMPT, max_tokens=24, seed=3, extra_body={"min_tokens": 24})
+    text = client.completions.create(**kw).choices[0].text
+    assert text == client.completions.create(**kw, **model).choices[0].text
+    params = {"max_new_tokens": 24, "min_new_tokens": 24, "sampling_seed": 3}
+    url = served.url.removesuffix("/v1") + "/generate"
+    assert requests.post(url, json={"text": PROMPT, "sampling_params": params}, timeout=120).json()["text"] == text
+
+
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_min_p_of_one_samples_the_greedy_answer(served, name):
     """vLLM's min_p (in the body's extras): at 1 only the likeliest token is kept, so a hot,

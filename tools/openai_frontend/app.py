@@ -107,7 +107,7 @@ async def detokenize(request: web.Request) -> web.Response:
 def generation_handler(endpoint: str):
     async def handle(request: web.Request) -> web.StreamResponse:
         frontend = request.app[FRONTEND_KEY]
-        gen = parse_request(await _json_body(request), endpoint)
+        gen = parse_request(await _json_body(request), endpoint, frontend.sampling_defaults)
         if not gen.stream:
             return web.json_response(await frontend.complete(gen), dumps=_dumps)
         return await _stream(request, frontend.chunks(gen))
@@ -118,7 +118,8 @@ def generation_handler(endpoint: str):
 async def sglang_generate(request: web.Request) -> web.StreamResponse:
     frontend = request.app[FRONTEND_KEY]
     gen, batched, rids = sglang.parse_generate(await _json_body(request), frontend.names[0],
-                                               min(sglang.MAX_NEW_TOKENS, frontend.default_max_tokens))
+                                               min(sglang.MAX_NEW_TOKENS, frontend.default_max_tokens),
+                                               frontend.sampling_defaults)
     if not gen.stream:
         return web.json_response(await sglang.answer(frontend, gen, batched, rids), dumps=_dumps)
     return await _stream(request, sglang.events(frontend, gen, rids))

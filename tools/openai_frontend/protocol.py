@@ -21,8 +21,10 @@ Fields, per endpoint (anything else in the body is ignored, as vLLM does):
              ensemble's speculative inputs: speculative_method, speculative_choices,
              eagle_depth, eagle_top_k, eagle_total_tokens, num_draft_tokens, prompt_lookup_tokens
 
-OpenAI's defaults apply: temperature 1 and top_p 1 when absent (the ensemble's own
-default is greedy; clients that want greedy send temperature 0). `n` choices per prompt,
+A sampling field the client leaves out takes the served model's default
+(`sampling_defaults.py`: its generation_config.json, as in vLLM and SGLang), else OpenAI's:
+temperature 1 and top_p 1 (the ensemble's own default is greedy; clients that want greedy
+send temperature 0). `n` choices per prompt,
 and the prompts of one completions request, are at most `MAX_CHOICES` together.
 """
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Generation:
     """One validated OpenAI request, in the ensemble's terms.
 
     `sampling` and `speculative` map ensemble input names to values and hold only what
-    the client set (plus OpenAI's temperature/top_p defaults); `prompts` are set for
+    the client set, plus the sampling defaults; `prompts` are set for
     completions, `messages` (role and text content) for chat. Every prompt gets `n`
     choices.
     """
@@ -151,8 +153,10 @@ def _only(body: dict, name: str, allowed, why: str) -> None:
 
 
 # -- the request ------------------------------------------------------------------------------
-def parse_request(body: Any, endpoint: str) -> Generation:
-    """Validates an OpenAI request body for `endpoint`; raises `OpenAIError` (400)."""
+def parse_request(body: Any, endpoint: str, sampling_defaults: Optional[dict] = None) -> Generation:
+    """Validates an OpenAI request body for `endpoint`; raises `OpenAIError` (400).
+    `sampling_defaults` (ensemble input names, `sampling_defaults.load`) fill in the
+    sampling fields the body leaves out."""
     assert endpoint in (CHAT, COMPLETIONS), endpoint
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
@@ -216,6 +220,9 @@ def parse_request(body: Any, endpoint: str) -> Generation:
     top_k = _int(body, "top_k", lo=-1)
     sampling["top_k"] = 0 if top_k == -1 else top_k  # vLLM's -1 and the engine's 0: no top-k
     sampling = {k: v for k, v in sampling.items() if v is not None}
+    for name, value in (sampling_defaults or {}).items():  # the model's, for fields the client left out
+        if not _present(body, name):
+            sampling[name] = value
     sampling.setdefault("temperature", 1.0)  # OpenAI's defaults, not the ensemble's greedy
     sampling.setdefault("top_p", 1.0)
     if max_tokens is not None and sampling.get("min_tokens", 0) > max_tokens:

@@ -5,7 +5,8 @@
 
 Waits for Triton to be READY, finds the models it can serve (`--triton-models`, in
 that order: every one that is loaded and has text or token tensors), loads the
-tokenizer the repository's preprocessing names, then listens. `tools/launch_triton_server.py
+tokenizer the repository's preprocessing names and the model's sampling defaults
+(`--generation-config`, `sampling_defaults.py`), then listens. `tools/launch_triton_server.py
 --openai_port N` starts and stops it with the server.
 """
 from __future__ import annotations
@@ -38,6 +39,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (default: the repository's preprocessing tokenizer_dir)")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file instead of the tokenizer's")
+    p.add_argument("--generation-config", default="auto",
+                   help="sampling defaults for the fields a request leaves out: 'auto' (the served "
+                        "checkpoint's generation_config.json, as vLLM and SGLang), 'openai' (OpenAI's: "
+                        "temperature 1, top_p 1; vLLM's 'vllm' too), or a folder with a generation_config.json")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Bearer <key>' on /v1/* (default: ${API_KEY_ENV}, else none)")
     p.add_argument("--triton-header", action="append", default=[], metavar="KEY=VALUE",
@@ -60,6 +65,7 @@ def _headers(items: list[str]) -> Optional[dict[str, str]]:
 async def serve(args: argparse.Namespace, stop: Optional[asyncio.Event] = None) -> None:
     from aiohttp import web
 
+    from . import sampling_defaults
     from .app import create_app
     from .service import Frontend
     from .tokenization import Tokenizer
@@ -78,7 +84,15 @@ async def serve(args: argparse.Namespace, stop: Optional[asyncio.Event] = None) 
             raise SystemExit("openai_frontend: error: no tokenizer: the repository names none; give --tokenizer")
         template = Path(args.chat_template).read_text() if args.chat_template else None
         tokenizer = Tokenizer(tokenizer_dir, template, facts.add_special_tokens, facts.skip_special_tokens)
-        frontend = Frontend(client, targets, tokenizer, facts, alias=args.served_model_name)
+        try:
+            defaults = sampling_defaults.load(args.generation_config, facts.model_dir or tokenizer_dir)
+        except sampling_defaults.SamplingDefaultsError as e:
+            raise SystemExit(f"openai_frontend: error: {e}") from None
+        log.info("sampling for fields a request leaves out: %s", (
+            f"{sampling_defaults.describe(defaults)} (the model's generation_config.json), then OpenAI's"
+            if defaults else "OpenAI's (temperature 1, top_p 1)"))
+        frontend = Frontend(client, targets, tokenizer, facts, alias=args.served_model_name,
+                            sampling_defaults=defaults)
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         runner = web.AppRunner(create_app(frontend, api_key), handler_cancellation=True, access_log=None)
         await runner.setup()

@@ -182,7 +182,7 @@ class Frontend:
     """The served models and the request flow; the web layer only moves JSON."""
 
     def __init__(self, client, targets: list[TargetModel], tokenizer: Tokenizer, facts: ServerFacts,
-                 alias: Optional[str] = None):
+                 alias: Optional[str] = None, sampling_defaults: Optional[dict] = None):
         if not targets:
             raise ValueError("no model to serve")
         self.client = client
@@ -199,6 +199,8 @@ class Frontend:
         # queue, and 128 of them would overflow it (a 503 for the whole request)
         self.choice_window = facts.max_batch_size or EngineConfig.max_batch_size
         self.created = int(time.time())
+        # the model's sampling for fields a request leaves out (sampling_defaults.py)
+        self.sampling_defaults = dict(sampling_defaults or {})
 
     # -- models ---------------------------------------------------------------------------
     def _model_json(self, name: str) -> dict:

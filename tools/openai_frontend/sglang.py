@@ -10,8 +10,9 @@ the answer so far (with `index` where a request has several), then `data: [DONE]
 Owns: SGLang's body → an OpenAI completions body, which `protocol.parse_request`
 checks as it checks every OpenAI request (a bad field's error names SGLang's field),
 and the answers' shape. Serves the front door's first model (`Frontend.names[0]`).
-SGLang's defaults apply: 128 new tokens (or the server's limit, if lower), temperature 1,
-top_p 1, top_k off.
+SGLang's defaults apply: 128 new tokens (or the server's limit, if lower), and for the
+sampling the served model's (`sampling_defaults.py`, SGLang's `--sampling-defaults model`),
+else temperature 1, top_p 1, top_k off.
 """
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ SAMPLING_PARAMS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens
                    "n": "n", "sampling_seed": "seed", "no_stop_trim": "include_stop_str_in_output"}
 
 
-def parse_generate(body: Any, model: str, max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[Generation, bool, list[str]]:
+def parse_generate(body: Any, model: str, max_new_tokens: int = MAX_NEW_TOKENS,
+                   sampling_defaults: Optional[dict] = None) -> tuple[Generation, bool, list[str]]:
     """(the request as a completions `Generation` for `model`, whether its prompts came as a
-    list, one SGLang request id per answer); `max_new_tokens` where the client sets none."""
+    list, one SGLang request id per answer); `max_new_tokens` and `sampling_defaults` where the
+    client sets none."""
     if not isinstance(body, dict):
         raise OpenAIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     if ("text" in body) == ("input_ids" in body):
@@ -50,7 +53,7 @@ def parse_generate(body: Any, model: str, max_new_tokens: int = MAX_NEW_TOKENS) 
     openai = {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "stream": body.get("stream", False)}
     openai.update({SAMPLING_PARAMS[k]: v for k, v in params.items() if k in SAMPLING_PARAMS})
     try:
-        gen = parse_request(openai, COMPLETIONS)
+        gen = parse_request(openai, COMPLETIONS, sampling_defaults)
     except OpenAIError as e:
         raise _renamed(e, source) from None
     answers = len(gen.prompts) * gen.n

@@ -81,6 +81,7 @@ class ServerFacts:
     """What the repository's configs say about tokenization and limits (None: not found)."""
 
     tokenizer_dir: Optional[str] = None  # preprocessing's (or any model's) tokenizer_dir
+    model_dir: Optional[str] = None  # speculative_decoding's base_model_dir (its generation_config.json)
     add_special_tokens: bool = True  # preprocessing's: how a text prompt is encoded
     skip_special_tokens: bool = True  # postprocessing's: how output is decoded
     max_tokens_limit: Optional[int] = None  # speculative_decoding's
@@ -332,6 +333,7 @@ class TritonClient:
             return int(value) if value.isdigit() else None
 
         facts = ServerFacts(tokenizer_dir=tokenizer_dir,
+                            model_dir=params.get("speculative_decoding", {}).get("base_model_dir") or None,
                             add_special_tokens=flag("preprocessing", "add_special_tokens", True),
                             skip_special_tokens=flag("postprocessing", "skip_special_tokens", True),
                             max_tokens_limit=number("max_tokens_limit"), max_seq_len=number("max_seq_len"),
