@@ -48,16 +48,20 @@
 #   1,600 more (indexes 9,644-11,243; committed) with round 10's and another quarter of the
 #   library replayed (the features not cached yet about 14 minutes, 683 steps 20 minutes,
 #   on the same VM).
-# - round 12 (the shipped EAGLE-1/2 head; its EAGLE-3 head was shipped until round 13): the
+# - round 12 (its EAGLE-1/2 head was shipped until round 14, its EAGLE-3 head until round 13): the
 #   same on from round 11's over 1,600 more (indexes 11,244-12,843; committed) with round
 #   11's and the last quarter of the library replayed, and round 6's unsteered conversations
 #   of odd index too, since rounds 10 and 11 had cost general chat ~0.02 τ (the features not
 #   cached yet about 16 minutes, 849 steps 25 minutes, on the same VM).
-# - round 13 (the shipped EAGLE-3 head; its EAGLE-1/2 head fell 0.012 τ short of the
-#   shipping rule): the same on from round 12's over 1,600 more (indexes 12,844-14,443;
+# - round 13 (its EAGLE-3 head was shipped until round 14; its EAGLE-1/2 head fell 0.012 τ
+#   short of the shipping rule): the same on from round 12's over 1,600 more (indexes 12,844-14,443;
 #   committed) with round 12's, the library quarter of index 0 modulo 4 and round 5's
 #   unsteered conversations of odd index replayed (the features not cached yet about 19
 #   minutes, 881 steps 26 minutes, on the same VM).
+# - round 14 (both shipped heads): the same on from round 13's over 1,600 more (indexes
+#   14,444-16,043; committed) with round 13's, the library quarter of index 1 modulo 4 and
+#   round 5's unsteered conversations of even index replayed (data 25 minutes, the features
+#   not cached yet about 25 minutes, 858 steps 25 minutes, on the same VM, sharing it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/setup_env.sh
@@ -150,7 +154,7 @@ $PY tools/train/train_heads.py --base "$BASE" \
     "$ROUND9" --out .cache/train/round9 --work .cache/train/round9_work --features .cache/train/heads/features \
     --init .cache/train/round7 --keep-train-vocab --epochs 0.8 --batch-tokens 1536 --lr 5e-4 --medusa-heads 0 \
     --snapshots 4752430 --seed 0
-# 8. rounds 10 to 13: each round's EAGLE heads on from the round before's, 0.8 epochs over
+# 8. rounds 10 to 14: each round's EAGLE heads on from the round before's, 0.8 epochs over
 #    1,600 more steered conversations, with the round before's conversations, the
 #    documentation and a quarter of the library functions replayed.
 #    steered_round N FIRST END SNAPSHOT [JSONL...]: round N's conversations are indexes FIRST
@@ -175,6 +179,8 @@ every_nth "$ROUND6" .cache/data/self_distill_round6_odd.jsonl 2 1
 steered_round 12 11244 12844 6900000 .cache/data/self_distill_round6_odd.jsonl
 every_nth "$ROUND5" .cache/data/self_distill_round5_odd.jsonl 2 1
 steered_round 13 12844 14444 7800000 .cache/data/self_distill_round5_odd.jsonl
-# the shipped EAGLE-1/2 head is round 12's, the EAGLE-3 head round 13's (the model card says why)
-cp .cache/train/round12/eagle/* "$OUT/eagle/"
-cp .cache/train/round13/eagle3/* "$OUT/eagle3/"
+every_nth "$ROUND5" .cache/data/self_distill_round5_even.jsonl 2 0
+steered_round 14 14444 16044 8800000 .cache/data/self_distill_round5_even.jsonl
+# the shipped heads are round 14's (the model card says why earlier rounds shipped one or the other)
+cp .cache/train/round14/eagle/* "$OUT/eagle/"
+cp .cache/train/round14/eagle3/* "$OUT/eagle3/"
