@@ -90,14 +90,14 @@ def test_sampling_defaults_come_from_generation_config(tmp_path):
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("temperature", "hot", "temperature must be a number"),
-    ("temperature", 2.5, "temperature must be >= 0.0 and <= 2.0, got 2.5"),
-    ("top_p", 0, "top_p must be > 0.0 and <= 1.0"),
-    ("top_k", 1.5, "top_k must be an integer"),
-    ("top_k", -1, "top_k must be >= 0"),
-    ("top_k", True, "top_k must be an integer"),
-    ("min_p", 1.5, "min_p must be >= 0.0 and <= 1.0"),
-    ("repetition_penalty", 0, "repetition_penalty must be > 0.0"),
+    ("temperature", "hot", "temperature: must be a number"),
+    ("temperature", 2.5, "temperature: must be <= 2.0, got 2.5"),
+    ("top_p", 0, "top_p: must be > 0.0, got 0"),
+    ("top_k", 1.5, "top_k: must be an integer"),
+    ("top_k", -1, "top_k: must be >= 0, got -1"),
+    ("top_k", True, "top_k: must be an integer"),
+    ("min_p", 1.5, "min_p: must be <= 1.0, got 1.5"),
+    ("repetition_penalty", 0, "repetition_penalty: must be > 0.0, got 0"),
 ])
 def test_a_bad_generation_config_is_refused_by_key(tmp_path, key, value, message):
     model = _generation_config(tmp_path, **{key: value})

@@ -33,8 +33,8 @@ Endpoints, per label (a host running tritonserver and the front door):
 With `--input-file`, Triton's endpoint gets each prompt rendered with the tokenizer's
 chat template (as the front door renders it for chat), so both endpoints generate the
 same tokens. Every request is greedy (`temperature` 0, which the ensemble also defaults to; the front
-door's default is the model's sampling, `sampling_defaults.py`) and, with `--deterministic`, generates exactly `--output-tokens` tokens
-(`min_tokens`). Token counts are AIPerf's own: the streamed text re-encoded with
+door's default is the model's sampling, `sampling_defaults.py`) and, with `--deterministic`,
+generates exactly `--output-tokens` tokens (`min_tokens`). Token counts are AIPerf's own: the streamed text re-encoded with
 `--tokenizer`, so they can differ from the tokens the server generated.
 Artifacts: `<out-dir>/<label>/<endpoint>/<stimulus>/profile_export_aiperf.json`.
 """

@@ -18,19 +18,21 @@ The default model's generation_config.json carries the sampling SmolLM2's model 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Optional
 
+from .protocol import OpenAIError, _int, _number
+
 FILE = "generation_config.json"
 AUTO, NONE = "auto", ("openai", "vllm")
-# generation_config.json key -> (the ensemble's input name, lowest, highest, whether lowest is excluded)
+# the keys read (named as the ensemble's inputs) -> (lowest, highest, whether lowest is excluded),
+# a request's ranges but for top_k, whose -1 only a request may send; top_k is an integer
 KEYS = {
-    "temperature": ("temperature", 0.0, 2.0, False),
-    "top_p": ("top_p", 0.0, 1.0, True),
-    "top_k": ("top_k", 0, None, False),
-    "min_p": ("min_p", 0.0, 1.0, False),
-    "repetition_penalty": ("repetition_penalty", 0.0, None, True),
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, True),
+    "top_k": (0, None, False),
+    "min_p": (0.0, 1.0, False),
+    "repetition_penalty": (0.0, None, True),
 }
 
 
@@ -39,26 +41,19 @@ class SamplingDefaultsError(ValueError):
 
 
 def parse(config: dict, where: str = FILE) -> dict:
-    """The sampling defaults in a generation config's keys, in the ensemble's names.
+    """The sampling defaults in a generation config's keys, checked by the request's own field
+    readers (`protocol._number`, `protocol._int`).
 
     Keys the config lacks (or sets to null) are left out; `top_k` 0 and `min_p` 0 mean off,
     as in transformers, and so are left out too."""
     defaults = {}
-    for key, (name, lo, hi, lo_open) in KEYS.items():
-        value = config.get(key)
-        if value is None:
-            continue
-        integer = isinstance(lo, int)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or (integer and float(value) != int(value)):
-            raise SamplingDefaultsError(f"{where}: {key} must be {'an integer' if integer else 'a number'}, "
-                                        f"got {value!r}")
-        value = int(value) if integer else float(value)
-        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
-            bounds = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
-            raise SamplingDefaultsError(f"{where}: {key} must be {bounds}, got {value}")
-        if value or key not in ("top_k", "min_p"):
-            defaults[name] = value
+    for key, (lo, hi, lo_open) in KEYS.items():
+        try:
+            value = _int(config, key, lo=lo) if key == "top_k" else _number(config, key, lo, hi, lo_open)
+        except OpenAIError as e:
+            raise SamplingDefaultsError(f"{where}: {e.message}") from None
+        if value is not None and (value or key not in ("top_k", "min_p")):
+            defaults[key] = value
     return defaults
 
 
