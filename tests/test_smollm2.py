@@ -120,6 +120,29 @@ def test_drafters_draft_over_a_vocabulary_that_can_end_the_turn(engine64):
         assert torch.equal(engine64.drafters[method].vocab_ids, ids), method
 
 
+def test_the_served_eagle3_head_is_the_committed_one_unpacked(engine64):
+    """Setup serves the committed EAGLE-3 head: every committed tensor as it is, and each
+    weight matrix, committed as int8 rows with a scale each, as those rows times their
+    scales in float16 (tools/packed_rows.py); its draft vocabulary holds the end of turn."""
+    import packed_rows
+    from safetensors.torch import load_file
+
+    committed = family.COMMITTED_DIR / "eagle3"
+    served = load_file(str(family.FAMILY_DIR / "eagle3" / "model.safetensors"))
+    own = load_file(str(committed / "model.safetensors"))
+    rows = load_file(str(committed / packed_rows.PACKED_FILE))
+    matrices = [name for name in rows if not name.endswith(packed_rows.SCALE)]
+    assert "lm_head.weight" in matrices and "fc.weight" in matrices
+    assert served.keys() == own.keys() | set(matrices)
+    for name, tensor in own.items():
+        assert torch.equal(served[name], tensor), name
+    for name in matrices:
+        assert torch.equal(served[name], packed_rows.dequantize(rows[name], rows[name + packed_rows.SCALE],
+                                                                torch.float16)), name
+    head = engine64.drafters["eagle3"].head
+    assert head.lm_head.weight.shape[0] == len(head.d2t) and bool(head.t2d[END_ID])
+
+
 @pytest.mark.parametrize("method,tree", TREES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TREES)])
 def test_speculative_greedy_equals_plain(engine64, prompts, plain, method, tree):
     reqs = [request(p, NEW_TOKENS, method, rid=f"{method}{i}", end_id=END_ID, return_perf_metrics=True, **tree)

@@ -511,3 +511,68 @@ def test_the_held_out_code_requests_are_what_the_script_writes_and_outside_train
     asked = {turn.split("`")[1] if turn.startswith("Write") else turn.split("def ")[1].split(":\n")[0]
              for turn in requests}
     assert len(asked) == len(requests) and not asked & stdlib
+
+
+def test_a_widened_eagle3_head_keeps_its_trained_rows_and_maps_the_new_ones():
+    """widen_eagle3: the head's own tokens keep their LM-head rows; a new token's row is
+    the least-squares map of embeddings onto the kept rows, applied to its embedding (so
+    a head whose rows are a linear map of the embeddings gets exactly that map's rows);
+    d2t/t2d describe the wider vocabulary, and one that lacks a head's token is refused."""
+    gen = torch.Generator().manual_seed(0)
+    V, H = 300, 16
+    embed = torch.randn(V, H, generator=gen)
+    mapping = torch.randn(H, H, generator=gen)
+    own = torch.tensor(sorted(random.Random(0).sample(range(V), 40)))
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[own] = True
+    state = {"lm_head.weight": (embed[own] @ mapping).half(), "d2t": own - torch.arange(40), "t2d": t2d,
+             "fc.weight": torch.ones(H, 3 * H).half()}
+    wider = torch.tensor(sorted(set(own.tolist()) | set(random.Random(1).sample(range(V), 60))))
+    out = train_heads.widen_eagle3(state, wider, embed)
+    rows = out["lm_head.weight"]
+    assert rows.shape == (len(wider), H) and rows.dtype == torch.float16
+    assert torch.equal(out["d2t"] + torch.arange(len(wider)), wider)
+    assert torch.equal(out["t2d"].nonzero().flatten(), wider)
+    assert torch.equal(rows[torch.searchsorted(wider, own)], state["lm_head.weight"])  # kept as trained
+    assert torch.allclose(rows.float(), embed[wider] @ mapping, atol=2e-2, rtol=1e-2)
+    assert torch.equal(out["fc.weight"], state["fc.weight"])
+    with pytest.raises(SystemExit, match="not a part"):
+        train_heads.widen_eagle3(state, wider[wider != own[3]], embed)
+
+
+def test_widen_draft_vocab_grows_the_init_heads_vocabulary_and_serves_losslessly_from_its_packed_form(run):
+    """--widen-draft-vocab N: the EAGLE-3 head goes on from --init's with N draft tokens,
+    --init's all among them and the rest the data's most frequent answer tokens it lacked;
+    training.json records N. Packed for the commit (int8 rows) and unpacked by
+    setup, the head serves, and greedy speculation with it equals plain decoding."""
+    import packed_rows
+    from data import load_dataset, tokens_by_frequency
+
+    tmp, family, heads, _ = run
+    data = _conversations(tmp / "widen.jsonl", 60, seed=5)
+    common = ["--base", str(family / "base"), "--data", str(data), "--seed", "0", "--epochs", "1",
+              "--batch-tokens", "256", "--medusa-heads", "0", "--features", str(tmp / "widen_features")]
+    narrow, wide = tmp / "narrow", tmp / "wide"
+    train_heads.main(common + ["--out", str(narrow), "--work", str(tmp / "wn"), "--draft-vocab", "48"])
+    train_heads.main(common + ["--out", str(wide), "--work", str(tmp / "ww"), "--init", str(narrow),
+                               "--widen-draft-vocab", "80"])
+    ids = lambda d: (lambda d2t: d2t.long() + torch.arange(len(d2t)))(  # noqa: E731
+        load_file(str(d / "eagle3" / "model.safetensors"))["d2t"])
+    before, after = ids(narrow), ids(wide)
+    assert len(before) == 48 and len(after) == 80 and torch.isin(before, after).all()
+    ds = load_dataset([data], 1024)
+    ranked = tokens_by_frequency(ds, ds.train).tolist()
+    added = [t for t in ranked if t not in set(before.tolist())][:32]
+    assert sorted(set(after.tolist()) - set(before.tolist())) == sorted(added)
+    assert json.loads((wide / "eagle3" / "training.json").read_text())["draft_vocab"] == 80
+    assert json.loads((wide / "eagle3" / "config.json").read_text())["draft_vocab_size"] == 80
+    committed, served = tmp / "committed_eagle3", tmp / "served_eagle3"
+    packed_rows.pack(wide / "eagle3", committed)
+    served.mkdir()
+    packed_rows.unpack(committed, served)
+    engine = Engine(EngineConfig(base_model_dir=str(family / "base"), eagle3_dir=str(served), dtype="float64",
+                                 max_seq_len=256, max_batch_size=2, adaptive_speculation=False))
+    prompt = [1, 534, 292, 668, 292, 1200]
+    outs = run_batch(engine, [request(prompt, 12, method=m, rid=m) for m in ("none", "eagle3")])
+    assert outs["eagle3"] == outs["none"]
+    assert engine.drafters["eagle3"].head.lm_head.weight.shape[0] == 80

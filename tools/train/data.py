@@ -76,15 +76,27 @@ def batches(ds: Dataset, indexes: list[int], max_tokens: int, seed: int) -> list
     return groups
 
 
-def frequent_tokens(ds: Dataset, indexes: list[int], count: int) -> torch.Tensor:
-    """The `count` most frequent answer tokens (ties by id), sorted by id. Greedy answers
-    are the target's argmax continuations, so these are the tokens drafting must get right."""
+def tokens_by_frequency(ds: Dataset, indexes: list[int]) -> np.ndarray:
+    """Every token id, the most frequent answer tokens of `indexes` first (ties by id)."""
     counts = np.zeros(max(max(c) for c in ds.conversations) + 1, dtype=np.int64)
     for c in indexes:
         answer = ds.conversations[c][ds.prompt_lens[c]:]
         np.add.at(counts, np.asarray(answer, dtype=np.int64), 1)
-    top = np.argsort(-counts, kind="stable")[:count]
-    return torch.from_numpy(np.sort(top))
+    return np.argsort(-counts, kind="stable")
+
+
+def frequent_tokens(ds: Dataset, indexes: list[int], count: int) -> torch.Tensor:
+    """The `count` most frequent answer tokens (ties by id), sorted by id. Greedy answers
+    are the target's argmax continuations, so these are the tokens drafting must get right."""
+    return torch.from_numpy(np.sort(tokens_by_frequency(ds, indexes)[:count]))
+
+
+def widened_vocabulary(ds: Dataset, indexes: list[int], tokens: torch.Tensor, count: int) -> torch.Tensor:
+    """`tokens` and, after them, the most frequent answer tokens of `indexes` they lack:
+    `count` in all (at least `tokens`), sorted by id."""
+    have = set(tokens.tolist())
+    more = [t for t in tokens_by_frequency(ds, indexes)[:count + len(have)].tolist() if t not in have]
+    return torch.tensor(sorted(have | set(more[:max(count - len(have), 0)])), dtype=torch.long)
 
 
 def save_draft_vocab(drafter_dir: Path, tokens: torch.Tensor) -> None:

@@ -181,6 +181,20 @@ every_nth "$ROUND5" .cache/data/self_distill_round5_odd.jsonl 2 1
 steered_round 13 12844 14444 7800000 .cache/data/self_distill_round5_odd.jsonl
 every_nth "$ROUND5" .cache/data/self_distill_round5_even.jsonl 2 0
 steered_round 14 14444 16044 8800000 .cache/data/self_distill_round5_even.jsonl
-# the shipped heads are round 14's (the model card says why earlier rounds shipped one or the other)
-cp .cache/train/round14/eagle/* "$OUT/eagle/"
-cp .cache/train/round14/eagle3/* "$OUT/eagle3/"
+# 9. round 15: EAGLE-3's draft vocabulary widened from 4,096 to 8,192 tokens (round 14's
+#    and the 4,096 most frequent answer tokens it lacked), on from round 14's heads over
+#    the conversations rounds 11 and 12 wrote, round 6's of odd index, the documentation
+#    and library quarter 2 replayed (no new conversations).
+every_nth "$ROUND6" .cache/data/self_distill_round6_odd.jsonl 2 1
+every_nth .cache/data/local_code.jsonl .cache/data/local_code_quarter2.jsonl 4 2
+$PY tools/train/train_heads.py --base "$BASE" \
+    --data .cache/data/local_text.jsonl .cache/data/local_code_quarter2.jsonl .cache/data/self_distill_round11.jsonl \
+    .cache/data/self_distill_round12.jsonl .cache/data/self_distill_round6_odd.jsonl \
+    --out .cache/train/round15 --work .cache/train/round15_work --features .cache/train/heads/features \
+    --init .cache/train/round14 --keep-train-vocab --widen-draft-vocab 8192 --epochs 0.8 --batch-tokens 1536 \
+    --lr 5e-4 --medusa-heads 0 --snapshots 9900000 --seed 0
+# the shipped heads are round 15's, EAGLE-3's weight matrices committed as int8 rows with a
+# scale each (tools/packed_rows.py; setup writes float16 back)
+cp .cache/train/round15/eagle/* "$OUT/eagle/"
+rm -f "$OUT/eagle3/"*
+$PY tools/packed_rows.py pack .cache/train/round15/eagle3 "$OUT/eagle3"

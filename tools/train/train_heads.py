@@ -27,8 +27,8 @@ rerunning the same command goes on from it, and a state that another run left th
 and writes the EAGLE heads only, `--medusa-only` the Medusa heads only. `--snapshots` saves the EAGLE heads after
 that many answer tokens (comma list), for the learning curve. `--init DIR` starts from
 the heads saved in DIR (a later round goes on from an earlier one's heads; EAGLE-3 keeps
-their draft vocabulary; answer tokens are counted on from theirs, and with `--snapshots`
-the starting heads are the first snapshot). Before and after training, the heads' top-1 agreement with the
+their draft vocabulary, which `--widen-draft-vocab N` grows to N tokens; answer tokens are
+counted on from theirs, and with `--snapshots` the starting heads are the first snapshot). Before and after training, the heads' top-1 agreement with the
 target on the held-out conversations is printed and saved in `training.json`: a
 validation score that never reads the evaluation question sets.
 
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "backend_src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import (Dataset, batches, coverage, epoch_schedule, frequent_tokens, learning_rate,  # noqa: E402
-                  load_dataset, load_state, run_key, save_draft_vocab)  # noqa: E402
+                  load_dataset, load_state, run_key, save_draft_vocab, widened_vocabulary)  # noqa: E402
 from features import FeatureSet, build_features  # noqa: E402
 from specdec.drafters.loader import DRAFT_VOCAB_FILE  # noqa: E402
 from specdec.models.eagle import EagleHead  # noqa: E402
@@ -192,12 +192,15 @@ class Heads(torch.nn.Module):
 def load_initial(heads: Heads, init: Path, eagle: bool = True) -> None:
     """Loads the heads that `save_heads` wrote to `init` (the shared embeddings and Medusa's
     projections, which are the target's, stay as `Heads` set them); the EAGLE heads unless
-    `eagle` is False."""
+    `eagle` is False. An EAGLE-3 head whose draft vocabulary is a part of this run's is
+    widened to it (`widen_eagle3`)."""
     from safetensors.torch import load_file
 
     for name, module in (("eagle", heads.eagle), ("eagle3", heads.eagle3)) if eagle else ():
         state = load_file(str(init / name / "model.safetensors"))
         own = module.state_dict()
+        if name == "eagle3" and state["d2t"].shape != own["d2t"].shape:
+            state = widen_eagle3(state, own["d2t"] + torch.arange(len(own["d2t"])), own["embed_tokens.weight"])
         missing, unexpected = module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items() if k in own},
                                                      strict=False)
         if set(missing) != {"embed_tokens.weight"} or unexpected or len(state) != len(own) - 1:
@@ -206,6 +209,28 @@ def load_initial(heads: Heads, init: Path, eagle: bool = True) -> None:
         state = load_file(str(init / "medusa" / "medusa_resblocks.safetensors"))
         for k, block in enumerate(heads.medusa):
             block.load_state_dict({n: state[f"{k}.0.{n}"].float() for n in block.state_dict()})
+
+
+def widen_eagle3(state: dict, draft_ids: torch.Tensor, embed: torch.Tensor) -> dict:
+    """An EAGLE-3 head's weights (`state`, as saved) over a larger draft vocabulary,
+    `draft_ids` [D'] (target ids, sorted), that holds all of the head's own D tokens. Their
+    LM-head rows are kept. A new token's row starts as the linear map that best takes the
+    target's embedding rows of the D tokens to their trained rows (least squares, [H, H]),
+    applied to its own embedding row: the trained rows are not the target's (their cosine
+    with them is about 0.76 after fourteen rounds), so the target's row alone would rank
+    a new token on another scale than the kept ones."""
+    own_ids = state["d2t"].long() + torch.arange(len(state["d2t"]))  # [D]
+    where = torch.searchsorted(draft_ids, own_ids)  # [D]: each own token's place among draft_ids
+    if (where >= len(draft_ids)).any() or (draft_ids[where.clamp(max=len(draft_ids) - 1)] != own_ids).any():
+        raise SystemExit("the --init EAGLE-3 head's draft vocabulary is not a part of this run's")
+    trained = state["lm_head.weight"].double()  # [D, H]
+    mapping = torch.linalg.lstsq(embed[own_ids].double(), trained).solution  # [H, H]
+    rows = embed[draft_ids].double() @ mapping  # [D', H]
+    rows[where] = trained
+    t2d = torch.zeros_like(state["t2d"])
+    t2d[draft_ids] = True
+    return {**state, "lm_head.weight": rows.to(state["lm_head.weight"].dtype),
+            "d2t": draft_ids - torch.arange(len(draft_ids)), "t2d": t2d}
 
 
 def tokens_seen_by(init: Path, name: str = "eagle") -> int:
@@ -369,7 +394,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--medusa-heads", type=int, default=4, help="0: train and write only the EAGLE heads")
     ap.add_argument("--medusa-only", action="store_true",
                     help="train and write only the Medusa heads (OUT/medusa; --init then reads only its medusa/)")
-    ap.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3's draft vocabulary")
+    ap.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3's draft vocabulary (without --init)")
+    ap.add_argument("--widen-draft-vocab", type=int, default=0,
+                    help="grow --init's EAGLE-3 draft vocabulary to this many tokens with the most frequent answer "
+                    "tokens of --data it lacks (their LM-head rows start from its own, see widen_eagle3)")
     ap.add_argument("--train-vocab", type=int, default=8192, help="tokens the EAGLE-1/Medusa losses rank over")
     ap.add_argument("--keep-train-vocab", action="store_true",
                     help=f"rank over --init's eagle/{DRAFT_VOCAB_FILE} instead of this data's most frequent tokens, "
@@ -390,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.keep_train_vocab and not args.init:
         ap.error("--keep-train-vocab needs --init (the heads whose vocabulary to keep)")
+    if args.widen_draft_vocab and (not args.init or args.medusa_only):
+        ap.error("--widen-draft-vocab needs --init (the EAGLE-3 head whose vocabulary to grow)")
     if args.medusa_only and (args.medusa_heads < 1 or args.snapshots):
         ap.error("--medusa-only needs --medusa-heads >= 1 and no --snapshots (they save the EAGLE heads)")
     eagle = not args.medusa_only
@@ -413,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
                   else frequent_tokens(ds, ds.train, args.train_vocab))
     draft_ids = (initial_draft_vocabulary(args.init) if args.init and eagle
                  else frequent_tokens(ds, ds.train, args.draft_vocab))
+    if args.widen_draft_vocab:
+        draft_ids = widened_vocabulary(ds, ds.train, draft_ids, args.widen_draft_vocab)
     # the shares of held-out answer tokens each vocabulary holds: a drafter cannot propose the others
     covered = dict(train_vocab=round(coverage(ds, ds.holdout, train_rows), 4),
                    draft_vocab=round(coverage(ds, ds.holdout, draft_ids), 4),
@@ -487,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"holdout top-1 after training: {final}", flush=True)
     meta = dict(answer_tokens_seen=seen, conversations=len(ds.train), epochs=args.epochs, steps=total,
                 batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed, ttt_steps=args.ttt_steps,
-                draft_vocab=args.draft_vocab, train_vocab=args.train_vocab, noise=args.noise,
+                draft_vocab=len(draft_ids), train_vocab=args.train_vocab, noise=args.noise,
                 overlap=ds.overlap.summary(), init=str(args.init) if args.init else None,
                 answer_tokens_this_run=seen - start_tokens,
                 holdout_vocabulary_coverage=covered, holdout_top1_before=initial, holdout_top1_after=final)
