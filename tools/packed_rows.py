@@ -1,7 +1,7 @@
 """A drafter's weight matrices committed as int8 rows, each row with its own scale.
 
-The EAGLE-3 head is committed this way: in float16 its checkpoint was 15 MB (its LM head
-over 8,192 draft tokens alone 9.4 MB), packed it is 10 MB, and the repository's whole
+The EAGLE-3 head is committed this way: in float16 its checkpoint would be 19.7 MB (its LM
+head over 8,192 draft tokens alone 9.4 MB), packed it is 10 MB, and the repository's whole
 tree must stay under 48 MB. The committed folder holds
 
     model.safetensors       every tensor that is not a 2-D float weight (norms, d2t, t2d)

@@ -28,9 +28,10 @@ and writes the EAGLE heads only, `--medusa-only` the Medusa heads only. `--snaps
 that many answer tokens (comma list), for the learning curve. `--init DIR` starts from
 the heads saved in DIR (a later round goes on from an earlier one's heads; EAGLE-3 keeps
 their draft vocabulary, which `--widen-draft-vocab N` grows to N tokens; answer tokens are
-counted on from theirs, and with `--snapshots` the starting heads are the first snapshot). Before and after training, the heads' top-1 agreement with the
-target on the held-out conversations is printed and saved in `training.json`: a
-validation score that never reads the evaluation question sets.
+counted on from theirs, and with `--snapshots` the starting heads are the first snapshot).
+Before and after training, the heads' top-1 agreement with the target on the held-out
+conversations is printed and saved in `training.json`: a validation score that never
+reads the evaluation question sets.
 
     python tools/train/train_heads.py --base .cache/smollm2/base --data .cache/data/self_distill.jsonl \
         --out checkpoints/smollm2-135m-instruct --work .cache/train/heads
