@@ -556,9 +556,7 @@ def test_widen_draft_vocab_grows_the_init_heads_vocabulary_and_serves_losslessly
     train_heads.main(common + ["--out", str(narrow), "--work", str(tmp / "wn"), "--draft-vocab", "48"])
     train_heads.main(common + ["--out", str(wide), "--work", str(tmp / "ww"), "--init", str(narrow),
                                "--widen-draft-vocab", "80"])
-    ids = lambda d: (lambda d2t: d2t.long() + torch.arange(len(d2t)))(  # noqa: E731
-        load_file(str(d / "eagle3" / "model.safetensors"))["d2t"])
-    before, after = ids(narrow), ids(wide)
+    before, after = train_heads.initial_draft_vocabulary(narrow), train_heads.initial_draft_vocabulary(wide)
     assert len(before) == 48 and len(after) == 80 and torch.isin(before, after).all()
     ds = load_dataset([data], 1024)
     ranked = tokens_by_frequency(ds, ds.train).tolist()

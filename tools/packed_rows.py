@@ -84,7 +84,7 @@ def unpack(committed_dir: Path, out_dir: Path) -> None:
     state = load_file(str(committed_dir / HEAD_FILE))
     with safe_open(str(packed_path), framework="pt") as f:
         dtype = getattr(torch, f.metadata()["dtype"].removeprefix("torch."))
-    packed = load_file(str(packed_path))
+        packed = {name: f.get_tensor(name) for name in f.keys()}
     for name in (n for n in packed if not n.endswith(SCALE)):
         if name in state:
             raise ValueError(f"{committed_dir}: both {HEAD_FILE} and {PACKED_FILE} hold {name}")

@@ -178,23 +178,17 @@ def setup_drafter(name: str) -> Path | None:
     if not (src / "config.json").is_file():
         return None
     out = FAMILY_DIR / name
-    builders = [Path(__file__)] + ([Path(packed_rows.__file__)] if name == "eagle3" else [])
+    # Medusa and the draft model take the target's tensors; a head folder is unpacked
+    # (packed_rows: EAGLE-3's int8 rows back to float16; a folder without them is copied)
+    complete = {"medusa": complete_medusa, "draft": complete_draft}.get(name, packed_rows.unpack)
+    builders = [Path(__file__)] + ([Path(packed_rows.__file__)] if complete is packed_rows.unpack else [])
     key = _files_key(src, BASE_DIR / ".built_from", *builders)
     if _stamp_ok(out, key):
         return out
     with tempfile.TemporaryDirectory(dir=FAMILY_DIR) as tmp:
         build = Path(tmp) / name
         build.mkdir()
-        if name == "medusa":
-            complete_medusa(src, build)
-        elif name == "draft":
-            complete_draft(src, build)
-        elif name == "eagle3":
-            packed_rows.unpack(src, build)
-        else:
-            for f in src.iterdir():
-                if f.is_file() and f.name != "training.json":
-                    shutil.copy(f, build / f.name)
+        complete(src, build)
         _write_stamp(build, key)
         _replace_dir(build, out)
     print(f"setup_model: assembled {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}",

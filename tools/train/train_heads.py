@@ -201,7 +201,7 @@ def load_initial(heads: Heads, init: Path, eagle: bool = True) -> None:
         state = load_file(str(init / name / "model.safetensors"))
         own = module.state_dict()
         if name == "eagle3" and state["d2t"].shape != own["d2t"].shape:
-            state = widen_eagle3(state, own["d2t"] + torch.arange(len(own["d2t"])), own["embed_tokens.weight"])
+            state = widen_eagle3(state, draft_vocabulary(own["d2t"]), own["embed_tokens.weight"])
         missing, unexpected = module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items() if k in own},
                                                      strict=False)
         if set(missing) != {"embed_tokens.weight"} or unexpected or len(state) != len(own) - 1:
@@ -220,7 +220,7 @@ def widen_eagle3(state: dict, draft_ids: torch.Tensor, embed: torch.Tensor) -> d
     applied to its own embedding row: the trained rows are not the target's (their cosine
     with them is about 0.76 after fourteen rounds), so the target's row alone would rank
     a new token on another scale than the kept ones."""
-    own_ids = state["d2t"].long() + torch.arange(len(state["d2t"]))  # [D]
+    own_ids = draft_vocabulary(state["d2t"])  # [D]
     where = torch.searchsorted(draft_ids, own_ids)  # [D]: each own token's place among draft_ids
     if (where >= len(draft_ids)).any() or (draft_ids[where.clamp(max=len(draft_ids) - 1)] != own_ids).any():
         raise SystemExit("the --init EAGLE-3 head's draft vocabulary is not a part of this run's")
@@ -247,12 +247,17 @@ def initial_train_vocabulary(init: Path) -> torch.Tensor:
     return load_file(str(init / "eagle" / DRAFT_VOCAB_FILE))["token_ids"].long()
 
 
+def draft_vocabulary(d2t: torch.Tensor) -> torch.Tensor:
+    """An EAGLE-3 head's draft vocabulary (target ids) from its `d2t` [D] (target id =
+    draft id + d2t[draft id])."""
+    return d2t.long() + torch.arange(len(d2t))
+
+
 def initial_draft_vocabulary(init: Path) -> torch.Tensor:
     """EAGLE-3's draft vocabulary (target ids, sorted) of the head saved in `init`."""
     from safetensors.torch import load_file
 
-    d2t = load_file(str(init / "eagle3" / "model.safetensors"))["d2t"].long()
-    return d2t + torch.arange(len(d2t))
+    return draft_vocabulary(load_file(str(init / "eagle3" / "model.safetensors"))["d2t"])
 
 
 def holdout_scores(heads: Heads, fs: FeatureSet, ds: Dataset, lm_head, train_rows, draft_rows, batch_tokens: int,
