@@ -20,6 +20,8 @@ from specdec.models.layers import MLP, Attention, LlamaShape
 
 from engine_helpers import make_engine
 
+INF = float("inf")
+
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
 
@@ -90,9 +92,9 @@ def fake_timings(monkeypatch, onednn_from: int) -> list[int]:
     the margin); MKL packs never pay. Returns the layer counts each timing was given."""
     counts = []
 
-    def time_paths(layers, rows, repeats, mkl=True):
+    def time_paths(layers, rows, repeats, mkl=True, streamed=None):
         counts.append(len(layers))
-        return (10.0, 5.0, 10.0) if rows >= onednn_from else (10.0, 9.5, 10.0)
+        return (10.0, 5.0, 10.0, INF) if rows >= onednn_from else (10.0, 9.5, 10.0, INF)
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
     return counts
 
@@ -175,13 +177,16 @@ def test_routing_describes_itself():
     assert RowRouting(frozenset({16, 32, 64})).describe() == "oneDNN at 16,32,64 rows, F.linear at the others"
     assert (RowRouting(frozenset({64}), packs=((4, 4), (6, 8), (8, 8))).describe()
             == "MKL packed at 4,8 rows (6 to 8 padded), oneDNN at 64 rows, F.linear at the others")
+    assert (RowRouting(frozenset({64}), streamed_rows=frozenset({1, 2, 3})).describe()
+            == "oneDNN at 64 rows, streamed at 1,2,3 rows, F.linear at the others")
+    assert RowRouting(frozenset(), streamed_rows=frozenset(ROW_LADDER)).describe() == "streamed at every row count"
 
 
 def test_the_engine_packs_on_cpu_float32_only():
     e32 = make_engine(dtype="float32")
     assert e32.packed_linears > 0
     assert isinstance(e32.target.lm_head, PackedCpuLinear)
-    assert "oneDNN or MKL packs" in e32.load_note and "measured at" in e32.load_note  # at this load or an earlier one
+    assert "oneDNN, MKL packs or the streamed kernel" in e32.load_note and "measured at" in e32.load_note  # at this load or an earlier one
     assert e32.target.lm_head.routing is e32.row_routing  # measured on the target's own linears
     e64 = make_engine(dtype="float64")
     assert e64.packed_linears == 0 and type(e64.target.lm_head) is nn.Linear
@@ -212,9 +217,11 @@ def test_an_mkl_pack_equals_f_linear_with_fewer_rows_padded(rows, size, bias):
     assert set(packed._mkl_packs) == {size}  # made once, for its own row count
 
 
-def ladder_timings(sgemm, onednn=None, packed=None) -> list:
-    """Timings at every ladder step from functions of the row count (default: no gain)."""
-    return [(r, sgemm(r), (onednn or sgemm)(r), (packed or sgemm)(r)) for r in ROW_LADDER]
+def ladder_timings(sgemm, onednn=None, packed=None, streamed=None) -> list:
+    """Timings at every ladder step from functions of the row count (default: no gain;
+    no streamed kernel)."""
+    return [(r, sgemm(r), (onednn or sgemm)(r), (packed or sgemm)(r), (streamed or (lambda _: INF))(r))
+            for r in ROW_LADDER]
 
 
 def test_plan_takes_packs_where_they_pay_padding_fewer_rows_up():
@@ -272,8 +279,8 @@ def test_calls_take_their_mkl_pack_and_unused_packs_are_dropped(monkeypatch):
     lin = nn.Linear(64, 96)
     packed = packed_copy(lin)
 
-    def time_paths(layers, rows, repeats, mkl=True):  # packs save 40 % at 4 and 16 rows
-        return (10.0 + rows, 10.0 + rows, (10.0 + rows) * (0.6 if rows in (4, 16) else 1.0))
+    def time_paths(layers, rows, repeats, mkl=True, streamed=None):  # packs save 40 % at 4 and 16 rows
+        return (10.0 + rows, 10.0 + rows, (10.0 + rows) * (0.6 if rows in (4, 16) else 1.0), INF)
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
     routing = choose_row_paths([packed])
     assert routing.pack_sizes() == [4, 16]
@@ -298,9 +305,9 @@ def test_the_environment_caps_the_packs(monkeypatch):
     packed = packed_copy(nn.Linear(8, 8))
     seen = []
 
-    def time_paths(layers, rows, repeats, mkl=True):
+    def time_paths(layers, rows, repeats, mkl=True, streamed=None):
         seen.append(mkl)
-        return (10.0, 10.0, float("inf"))
+        return (10.0, 10.0, INF, INF)
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
     assert not choose_row_paths([packed]).packs and not any(seen)  # not even timed
     monkeypatch.setenv("SPECDEC_CPU_MKL_PACKS", "many")

@@ -27,13 +27,15 @@ def model(width: int = 64) -> list:
 @pytest.fixture
 def timings(monkeypatch) -> list[int]:
     """Fake timings (oneDNN twice as fast from 8 rows on, an MKL pack paying at 4 rows, so
-    1-4 rows pad to it); the list counts the timed
-    row counts, so that a test sees whether anything was measured."""
+    1-4 rows pad to it, the streamed kernel the fastest at 6 rows); the list counts the
+    timed row counts, so that a test sees whether anything was measured."""
     timed = []
 
-    def time_paths(layers, rows, repeats, mkl=True):
+    def time_paths(layers, rows, repeats, mkl=True, streamed=None):
         timed.append(rows)
-        return (10.0, 5.0, 9.9) if rows >= 8 else (10.0, 9.8, 7.0 if rows == 4 else 9.9)
+        if rows >= 8:
+            return (10.0, 5.0, 9.9, 9.0)
+        return (10.0, 9.8, 7.0 if rows == 4 else 9.9, 8.0 if rows == 6 else float("inf"))
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
     return timed
 
@@ -41,7 +43,7 @@ def timings(monkeypatch) -> list[int]:
 def test_measured_once_then_read_back(tmp_path, timings):
     first, source = cached_row_paths(model(), tmp_path)
     assert source == "measured at load" and timings == list(ROW_LADDER)
-    assert first.onednn_rows == frozenset(r for r in ROW_LADDER if r >= 8)
+    assert first.onednn_rows == frozenset(r for r in ROW_LADDER if r >= 8) and first.streamed_rows == {6}
     if first.packs:  # a torch build with MKL's packed gemm
         assert dict(first.packs) == {1: 4, 2: 4, 3: 4, 4: 4}
     [saved] = tmp_path.glob("row-routing-*.json")
@@ -51,6 +53,7 @@ def test_measured_once_then_read_back(tmp_path, timings):
     assert source == "measured at an earlier load" and timings == []  # nothing timed
     assert again == first and all(m.routing == first for m in layers)
     assert json.loads(saved.read_text())["onednn_rows"] == sorted(first.onednn_rows)
+    assert json.loads(saved.read_text())["streamed_rows"] == [6]
 
 
 @pytest.mark.parametrize("first_packs,then_packs", [("3", "0"), ("0", "3")])
@@ -79,7 +82,7 @@ def test_other_shapes_measure_their_own(tmp_path, timings):
 
 
 @pytest.mark.parametrize("damage", ["not json", json.dumps({"fingerprint": "another machine"}),
-                                    "keys", "off the ladder", "pack off the ladder"])
+                                    "keys", "off the ladder", "pack off the ladder", "streamed off the ladder"])
 def test_a_bad_file_is_measured_over(tmp_path, timings, damage, caplog):
     cached_row_paths(model(), tmp_path)
     [saved] = tmp_path.glob("row-routing-*.json")
@@ -90,6 +93,8 @@ def test_a_bad_file_is_measured_over(tmp_path, timings, damage, caplog):
         damage = json.dumps({**data, "onednn_rows": [5]})
     elif damage == "pack off the ladder":
         damage = json.dumps({**data, "packs": [[4, 5]]})
+    elif damage == "streamed off the ladder":
+        damage = json.dumps({**data, "streamed_rows": [5]})
     saved.write_text(damage)
     timings.clear()
     with caplog.at_level(logging.WARNING, logger="specdec"):
@@ -119,3 +124,17 @@ def test_fingerprint_names_the_machine_and_the_shapes():
     fp = routing_cache.fingerprint(model())
     assert fp["layers"] == [[64, 96, 1], [96, 64, 0]]
     assert fp["cpu"] and fp["threads"] >= 1 and fp["torch"]
+
+
+def test_fingerprint_names_the_streamed_kernel_it_could_time(monkeypatch):
+    """A routing measured without the streamed kernel (not built, or turned off) is not
+    read back by a load that has it, nor the other way round."""
+    with_kernel = routing_cache.fingerprint(model())
+    monkeypatch.setenv("SPECDEC_CPU_STREAMED", "0")
+    without = routing_cache.fingerprint(model())
+    assert without["streamed"] is None
+    if with_kernel["streamed"] is not None:
+        assert with_kernel["streamed"].startswith("specdec_streamed_linear_") and with_kernel != without
+    odd = routing_cache.fingerprint(model(width=72))  # 72 inputs: not a multiple of 16, never streamed
+    monkeypatch.delenv("SPECDEC_CPU_STREAMED")
+    assert odd["streamed"] is None and routing_cache.fingerprint(model(width=72))["streamed"] is None

@@ -151,6 +151,7 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         # the row counts whose target matmuls take oneDNN or an MKL pack, as measured at this load
         "onednn_rows": None if engine.row_routing is None else sorted(engine.row_routing.onednn_rows),
         "mkl_packs": None if engine.row_routing is None else [list(p) for p in engine.row_routing.packs],
+        "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
         "config": {name: getattr(config, name) for name in CONFIG_FIELDS},

@@ -184,7 +184,8 @@ class Engine:
         self.drafters = loaded.drafters
         # CPU: freed host memory kept for the next step (before anything is timed)
         host_memory = keep_freed_memory() if self.device.type == "cpu" and config.keep_host_memory else None
-        # float32 CPU: matmuls through oneDNN or MKL packs where they measure faster (models/cpu_linear.py)
+        # float32 CPU: matmuls through oneDNN, MKL packs or the streamed kernel where they measure faster
+        # (models/cpu_linear.py)
         self.packed_linears = 0
         self.row_routing: Optional[RowRouting] = None  # the target's
         self.row_routing_source = ""  # where it came from (routing_cache.py)
@@ -248,8 +249,9 @@ class Engine:
         packed = None
         if self.packed_linears:
             routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
-            packed = (f"{self.packed_linears} float32 linears can take their inputs through oneDNN or MKL "
-                      f"packs (the target, {self.row_routing_source or 'measured at load'}: {routing})")
+            packed = (f"{self.packed_linears} float32 linears can take their inputs through oneDNN, MKL "
+                      f"packs or the streamed kernel (the target, {self.row_routing_source or 'measured at load'}: "
+                      f"{routing})")
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), attention, host_memory, graphs,
                                                  packed, describe(self.policy)]))
 

@@ -1,8 +1,8 @@
 """The CPU matmul routing, measured once per machine and model shape, saved and reused.
 
 `models.cpu_linear.choose_row_paths` times a model's float32 matmuls through MKL's
-sgemm, oneDNN and MKL's packed gemm at each row count, and routes each row count to the
-fastest path. That costs 3-5 s for SmolLM2-135M's target on 2 cores, as much again for Medusa's
+sgemm, oneDNN, MKL's packed gemm and the streamed kernel at each row count, and routes
+each row count to the fastest path. That costs 3-5 s for SmolLM2-135M's target on 2 cores, as much again for Medusa's
 heads, at every load. Its result also moved between loads on a busy machine (a server
 loads its other models meanwhile), and the calibration cache keys on the target's
 routing, so a routing that changed at a restart meant minutes of calibrating again.
@@ -32,7 +32,7 @@ from .models import cpu_linear
 from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, layer_shapes, measuring_wanted, route
 
 LOG = logging.getLogger("specdec")
-FORMAT = 2  # of the file; bump when it changes shape
+FORMAT = 3  # of the file; bump when it changes shape
 
 
 def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -> tuple[Optional[RowRouting], str]:
@@ -55,6 +55,7 @@ def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -
     if routing is not None:
         write_atomically(path, json.dumps({"fingerprint": fp, "onednn_rows": sorted(routing.onednn_rows),
                                            "packs": [list(p) for p in routing.packs],
+                                           "streamed_rows": sorted(routing.streamed_rows),
                                            "timings_ms": [list(t) for t in routing.timings_ms]}, indent=1),
                          "matmul routing cache")
     return routing, "measured at load"
@@ -72,12 +73,13 @@ def routing_cache_dir(setting: str) -> Optional[Path]:
 
 def fingerprint(layers: list[PackedCpuLinear]) -> dict:
     """What the routing depends on: the CPU, its threads, torch, how routing measures
-    (`cpu_linear.py`'s source), how many MKL packs it may keep and the shapes of the
-    layers a forward calls."""
+    (`cpu_linear.py`'s source), how many MKL packs it may keep, the streamed kernel (its
+    build, or none) and the shapes of the layers a forward calls."""
     source = Path(cpu_linear.__file__).read_bytes()
+    kernel = cpu_linear.streamed_kernel_for(cpu_linear._called(layers))
     return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "mkl_packs": cpu_linear.mkl_packs_allowed(),
-            "layers": layer_shapes(layers)}
+            "streamed": None if kernel is None else kernel.__name__, "layers": layer_shapes(layers)}
 
 
 def _read(path: Path, fp: dict) -> Optional[RowRouting]:
@@ -95,12 +97,14 @@ def _read(path: Path, fp: dict) -> Optional[RowRouting]:
     try:
         rows = frozenset(int(r) for r in data["onednn_rows"])
         packs = tuple((int(step), int(size)) for step, size in data["packs"])
-        timings = tuple((int(r), float(a), float(b), float(c)) for r, a, b, c in data["timings_ms"])
+        streamed = frozenset(int(r) for r in data["streamed_rows"])
+        timings = tuple((int(r), float(a), float(b), float(c), float(d)) for r, a, b, c, d in data["timings_ms"])
     except (KeyError, TypeError, ValueError) as e:
         LOG.warning("matmul routing cache %s is corrupt (%s); measuring again", path, e)
         return None
     ladder = set(cpu_linear.ROW_LADDER)
-    if not rows <= ladder or not all(step in ladder and size in ladder for step, size in packs):
+    if not rows <= ladder or not streamed <= ladder or not all(step in ladder and size in ladder
+                                                               for step, size in packs):
         LOG.warning("matmul routing cache %s names row counts off the ladder; measuring again", path)
         return None
-    return RowRouting(rows, packs, timings)
+    return RowRouting(rows, packs, timings, streamed)

@@ -1,4 +1,4 @@
-"""Float32 matmuls on CPU: MKL's sgemm (or gemv), oneDNN, or MKL's packed gemm, by row count.
+"""Float32 matmuls on CPU: MKL's sgemm (or gemv), oneDNN, MKL's packed gemm or a streamed kernel, by row count.
 
 On the CPU, speculative decoding lives or dies by how much more a forward over a few
 tokens (a tree of 4-16 nodes, a drafting depth over top-k nodes) costs than over one.
@@ -23,6 +23,13 @@ other paths keep the weight packed once:
   load, the target's linears over 4 rows took 32 ms instead of sgemm's 45, over 8 rows
   36 instead of 56, over 16 rows 45 instead of 60 (docs/bench/row_routing_smollm2_target.json).
 
+- A kernel of this repository (kernels/cpu_streamed_linear.cpp, built at the first load
+  on a machine: `cpu_streamed.py`), which reads each weight row once and applies every
+  input row to it while it is in L1, on the weight as it is (no copy). On a 2-core Xeon
+  with AVX-512, the target's linears over 4, 8 and 16 rows took 36, 33 and 42 ms through
+  it against 42, 44 and 56 through oneDNN and 50, 54 and 67 through sgemm, and 24 ms over
+  one row like gemv (ad hoc timing; the load-time timings are in each routing).
+
 One-row calls (plain decoding at batch 1, a drafter's single-row forwards) are routed
 the same way: `F.linear` calls MKL's gemv there, which on an Intel Xeon is as fast as
 the others, while on AMD EPYC, timed by `choose_row_paths` at one load, the target's
@@ -32,14 +39,14 @@ through oneDNN). Plain decoding at batch 1 on that VM went from about 25 tokens/
 with one-row calls routed to the older oneDNN path, and to 42-47 with the layout above
 (docs/benchmarks.md, sections 1.16 and 1.17).
 
-Which path wins depends on the CPU and the row count, so the engine measures all three
+Which path wins depends on the CPU and the row count, so the engine measures all four
 at load (`choose_row_paths`: a model's own linears, in order, at each row count of
 `ROW_LADDER`) and each model's calls take the path chosen for their row count
 (`RowRouting`, chosen by `plan_paths`). A path that needs a copy of the weights must
-win by `COPY_MARGIN`, so that a tie keeps sgemm, which needs none; MKL packs, one copy
+win by `COPY_MARGIN` over the faster of sgemm and the streamed kernel, which need none; MKL packs, one copy
 each, are at most `SPECDEC_CPU_MKL_PACKS` (default `MAX_MKL_PACKS`) per model.
 `SPECDEC_CPU_ONEDNN=0` keeps every call on `F.linear`, `=1` sends every call to oneDNN
-without measuring.
+without measuring; `SPECDEC_CPU_STREAMED=0` leaves the streamed kernel out.
 
 Results equal `F.linear` up to float32 rounding (another summation order), so a tree's
 logits can differ from plain decoding's in the last bits, as MKL's own gemm and gemv
@@ -51,18 +58,20 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import cpu_streamed
 
 ROW_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # row counts timed at load; more rows take 64's path
 COPY_MARGIN = 0.10  # a path that keeps a copy of the weights is chosen only where it is this much faster
 MAX_MKL_PACKS = 3  # MKL packs (a copy of the weights each) per model, unless SPECDEC_CPU_MKL_PACKS says otherwise
 ONEDNN_PACK_ROWS = 16  # the row count oneDNN's copy of a weight is laid out for (module docstring)
-Timing = tuple[int, float, float, float]  # (rows, F.linear ms, oneDNN ms, MKL packed ms; inf: not timed)
+# (rows, F.linear ms, oneDNN ms, MKL packed ms, streamed ms; inf: not timed)
+Timing = tuple[int, float, float, float, float]
 
 
 # this torch build can lay a weight out for ONEDNN_PACK_ROWS rows and call it on dense inputs
@@ -79,15 +88,20 @@ class RowRouting:
     """Which path a module's calls take, by row count. A row count takes the
     path of the next ladder step up (`_step`): oneDNN at the steps in `onednn_rows`;
     MKL's packed gemm at the steps of `packs`, each with the pack made for a row count
-    at least its own (a call with fewer rows is padded up to it); `F.linear` (MKL's
-    sgemm) at the others, and for more rows than a pack holds."""
+    at least its own (a call with fewer rows is padded up to it); the streamed kernel at
+    the steps in `streamed_rows`; `F.linear` (MKL's sgemm) at the others, and for more
+    rows than a pack holds."""
 
     onednn_rows: frozenset[int]
     packs: tuple[tuple[int, int], ...] = ()  # (ladder step, the row count of the MKL pack it uses)
     timings_ms: tuple[Timing, ...] = ()  # per ladder step timed
+    streamed_rows: frozenset[int] = frozenset()
 
     def onednn(self, rows: int) -> bool:
         return _step(rows) in self.onednn_rows
+
+    def streamed(self, rows: int) -> bool:
+        return _step(rows) in self.streamed_rows
 
     def pack_rows(self, rows: int) -> Optional[int]:
         """The row count of the MKL pack a `rows`-row call uses, or None."""
@@ -103,12 +117,13 @@ class RowRouting:
             padded = [f"{step} to {size}" for step, size in self.packs if step != size]
             parts.append("MKL packed at " + ",".join(map(str, self.pack_sizes())) + " rows"
                          + (f" ({', '.join(padded)} padded)" if padded else ""))
-        if self.onednn_rows:
-            parts.append("oneDNN at " + ("every row count" if len(self.onednn_rows) == len(ROW_LADDER)
-                                         else ",".join(map(str, sorted(self.onednn_rows))) + " rows"))
+        for name, rows in (("oneDNN", self.onednn_rows), ("streamed", self.streamed_rows)):
+            if rows:
+                parts.append(f"{name} at " + ("every row count" if len(rows) == len(ROW_LADDER)
+                                              else ",".join(map(str, sorted(rows))) + " rows"))
         if not parts:
             return "F.linear at every row count"
-        if len(self.onednn_rows) + len(self.packs) < len(ROW_LADDER):
+        if len(self.onednn_rows) + len(self.packs) + len(self.streamed_rows) < len(ROW_LADDER):
             parts.append("F.linear at the others")
         return ", ".join(parts)
 
@@ -117,13 +132,16 @@ ALWAYS_ONEDNN = RowRouting(frozenset(ROW_LADDER))
 
 
 def plan_paths(timings: list[Timing], max_packs: int) -> RowRouting:
-    """The routing that the timings make fastest. Every ladder step counts alike, by
-    the share of its `F.linear` time it saves. Of the sets of at most `max_packs` MKL
-    packs, the one that saves most (the fewest packs on a tie): each step takes the
-    cheapest pack at least its size, padded, where it beats `F.linear` by
-    `COPY_MARGIN`. Then oneDNN takes the steps it beats that by `COPY_MARGIN` too."""
-    sgemm = {rows: ms for rows, ms, _, _ in timings}
-    packed = {rows: ms for rows, _, _, ms in timings if ms < float("inf")}
+    """The routing that the timings make fastest. The paths without a copy of the
+    weights come first: at each ladder step the faster of `F.linear` and the streamed
+    kernel. Every ladder step counts alike, by the share of that time it saves. Of the
+    sets of at most `max_packs` MKL packs, the one that saves most (the fewest packs on a
+    tie): each step takes the cheapest pack at least its size, padded, where it beats the
+    copy-free time by `COPY_MARGIN`. Then oneDNN takes the steps it beats that by
+    `COPY_MARGIN` too. The streamed kernel keeps the steps where it is the faster
+    copy-free path and neither copy took them."""
+    sgemm = {rows: min(plain_ms, streamed_ms) for rows, plain_ms, _, _, streamed_ms in timings}
+    packed = {rows: ms for rows, _, _, ms, _ in timings if ms < float("inf")}
 
     def choice(packs: tuple[int, ...]) -> dict[int, int]:
         """ladder step -> the pack it takes, under the packs `packs`"""
@@ -144,20 +162,23 @@ def plan_paths(timings: list[Timing], max_packs: int) -> RowRouting:
     subsets = [c for k in range(0, max(0, max_packs) + 1) for c in itertools.combinations(candidates, k)]
     best = min(subsets, key=lambda packs: (round(cost(packs), 9), len(packs)))
     taken = choice(best)
-    onednn = frozenset(rows for rows, plain_ms, onednn_ms, _ in timings
-                       if onednn_ms < (1 - COPY_MARGIN) * (packed[taken[rows]] if rows in taken else plain_ms))
+    onednn = frozenset(rows for rows, _, onednn_ms, _, _ in timings
+                       if onednn_ms < (1 - COPY_MARGIN) * (packed[taken[rows]] if rows in taken else sgemm[rows]))
     packs = tuple(sorted((rows, size) for rows, size in taken.items() if rows not in onednn))
-    return RowRouting(onednn, packs, tuple(timings))
+    streamed = frozenset(rows for rows, plain_ms, _, _, streamed_ms in timings
+                         if streamed_ms < plain_ms and rows not in onednn and rows not in taken)
+    return RowRouting(onednn, packs, tuple(timings), streamed)
 
 
 class PackedCpuLinear(nn.Linear):
     """An `nn.Linear` (same parameters, same state-dict names) whose calls go through
-    oneDNN or MKL's packed gemm, with packed copies of the weight made at the first call
-    that needs each, where its `routing` says so (float32, without autograd). Only
-    modules that take such calls pay the copies' memory."""
+    oneDNN, MKL's packed gemm or the streamed kernel, with packed copies of the weight
+    made at the first call that needs each, where its `routing` says so (float32,
+    without autograd). Only modules that take such calls pay the copies' memory."""
 
     _packed: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]  # oneDNN's copy (weight, bias)
     _mkl_packs: dict[int, torch.Tensor]  # row count -> MKL's packed copy of the weight
+    _streamable: bool  # the streamed kernel takes this weight as it is (cpu_streamed.eligible)
     routing: RowRouting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,6 +190,10 @@ class PackedCpuLinear(nn.Linear):
         size = self.routing.pack_rows(rows)
         if size is not None:
             return self._mkl_packed(x, rows, size)
+        if self._streamable and self.routing.streamed(rows):
+            kernel = cpu_streamed.streamed_kernel()
+            if kernel is not None:
+                return cpu_streamed.streamed_linear(kernel, x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def _onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -227,6 +252,7 @@ def use_packed_cpu_linears(module: nn.Module) -> int:
             sub.__class__ = PackedCpuLinear
             sub._packed = None
             sub._mkl_packs = {}
+            sub._streamable = cpu_streamed.eligible(sub.weight)
             sub.routing = ALWAYS_ONEDNN
             count += 1
     return count
@@ -240,7 +266,7 @@ def packed_layers(module: nn.Module) -> list[PackedCpuLinear]:
 def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-1],
                      repeats: int = 3) -> Optional[RowRouting]:
     """Times `layers` in order (as a forward streams their weights) through `F.linear`,
-    oneDNN and MKL's packed gemm at each ladder row count up to `max_rows`
+    oneDNN, MKL's packed gemm and the streamed kernel at each ladder row count up to `max_rows`
     (`_time_paths`), and routes their calls as `plan_paths` chooses. None
     (routing left as it is) when there is nothing to time or SPECDEC_CPU_ONEDNN=1 asks
     for oneDNN throughout."""
@@ -248,17 +274,26 @@ def choose_row_paths(layers: list[PackedCpuLinear], max_rows: int = ROW_LADDER[-
         return None
     timed = _called(layers)
     max_packs = mkl_packs_allowed()
+    streamed = streamed_kernel_for(timed)
     timings = []
     with torch.inference_mode():
         for rows in [r for r in ROW_LADDER if r <= max(2, max_rows)]:
-            plain_ms, onednn_ms, packed_ms = _time_paths(timed, rows, repeats, mkl=max_packs > 0)
-            timings.append((rows, round(plain_ms, 2), round(onednn_ms, 2), round(packed_ms, 2)))
+            times = _time_paths(timed, rows, repeats, mkl=max_packs > 0, streamed=streamed)
+            timings.append((rows, *(round(ms, 2) for ms in times)))
     routing = plan_paths(timings, max_packs)
     last = timings[-1][0]  # row counts past the ones timed take the last one's path (a pack holds too few)
     if last in routing.onednn_rows:
         routing = dataclasses.replace(routing, onednn_rows=routing.onednn_rows | {r for r in ROW_LADDER if r > last})
     route(layers, routing)
     return routing
+
+
+def streamed_kernel_for(layers: list[PackedCpuLinear]) -> Optional[Any]:
+    """The streamed kernel, when it is built and takes every one of `layers`' weights
+    as it is; else None (the routing leaves it out)."""
+    if not layers or not all(m._streamable for m in layers):
+        return None
+    return cpu_streamed.streamed_kernel()
 
 
 def measuring_wanted(layers: list[PackedCpuLinear]) -> bool:
@@ -293,22 +328,27 @@ def _called(layers: list[PackedCpuLinear]) -> list[PackedCpuLinear]:
     return [m for m in layers if m.weight.numel() == largest[m.weight.untyped_storage().data_ptr()]]
 
 
-def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: bool = True) -> tuple[float, float, float]:
+def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: bool = True,
+                streamed: Optional[Any] = None) -> tuple[float, float, float, float]:
     """Milliseconds of one pass over `layers` with `rows`-row inputs: (F.linear, oneDNN,
-    MKL packed for `rows` rows; inf when `mkl` is false), the fastest of `repeats` passes
-    each after an untimed one. The paths take turns, so that other work on the machine
+    MKL packed for `rows` rows (inf when `mkl` is false), the `streamed` kernel (inf
+    without one)), the fastest of `repeats` passes each after an untimed one. The paths take turns, so that other work on the machine
     (a server loads its other models meanwhile) slows them alike rather than one. The
     MKL packs made here are dropped after."""
     inputs = [torch.randn(rows, m.in_features) for m in layers]  # [rows, in] each
     paths = [lambda: [F.linear(x, m.weight, m.bias) for m, x in zip(layers, inputs)],
              lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)]]
-    if mkl:
-        paths.append(lambda: [m._mkl_packed(x, rows, rows) for m, x in zip(layers, inputs)])
-    best = [float("inf")] * 3
+    paths.append((lambda: [m._mkl_packed(x, rows, rows) for m, x in zip(layers, inputs)]) if mkl else None)
+    if streamed is not None:
+        paths.append(lambda: [cpu_streamed.streamed_linear(streamed, x, m.weight, m.bias)
+                              for m, x in zip(layers, inputs)])
+    best = [float("inf")] * 4
     had = [set(m._mkl_packs) for m in layers]
     try:
         for attempt in range(max(1, repeats) + 1):
             for k, run in enumerate(paths):
+                if run is None:
+                    continue
                 t0 = time.perf_counter()
                 run()
                 if attempt > 0:  # the first pass of each packs weights and warms caches
@@ -316,4 +356,4 @@ def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: boo
     finally:
         for m, keep in zip(layers, had):
             m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in keep}
-    return best[0] * 1e3, best[1] * 1e3, best[2] * 1e3
+    return best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3

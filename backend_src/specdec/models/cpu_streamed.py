@@ -1,0 +1,133 @@
+"""The streamed float32 linear (kernels/cpu_streamed_linear.cpp): built once per machine, or absent.
+
+A decode step's matmuls on a small CPU are bound by memory: the weights are read once
+per call whatever the row count, if the kernel keeps up. On a 2-core Intel Xeon VM
+(AVX-512, about 18 GB/s), SmolLM2-135M's target linears took 21-24 ms over one row by
+any path, but over 8 rows 46-52 ms through MKL's sgemm and 37-41 ms through oneDNN,
+where this kernel, which loads each pair of weight rows once and applies every input
+row to it, took 30 ms (ad hoc timing; `tools/bench/cpu_linear_layouts.py` and the load
+time routing measure it in place). It is the fourth path of `cpu_linear`'s routing and
+needs no copy of the weights, so the routing takes it wherever it is the fastest.
+
+The source is compiled at the first load on a machine with `torch.utils.cpp_extension`
+(a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU
+(`-march=native`) into torch's extension folder (`$TORCH_EXTENSIONS_DIR`, default
+`~/.cache/torch_extensions`), under a name that hashes the source, the flags, the CPU
+and torch: a later load, or another process, finds it there. Without a compiler, or
+when the build fails, `streamed_kernel()` logs why once and returns None, and the
+routing keeps to the other three paths. `SPECDEC_CPU_STREAMED=0` never builds it.
+
+Its torch twin is `F.linear`: results equal it up to float32 rounding (another summation
+order). A row's result does not depend on the rows beside it in a call.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..ops._cupy import kernel_dir
+
+LOG = logging.getLogger("specdec")
+
+SOURCE_NAME = "cpu_streamed_linear.cpp"
+CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")  # -fopenmp: at::parallel_for threads
+LANES = 16  # the kernel's inner dimension must be a multiple of this
+
+_lock = threading.Lock()
+_kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
+
+
+def wanted() -> bool:
+    """The streamed path may be built and timed (SPECDEC_CPU_STREAMED is not 0)."""
+    return os.environ.get("SPECDEC_CPU_STREAMED", "auto") != "0"
+
+
+def streamed_kernel() -> Optional[Any]:
+    """The built extension (its `streamed_linear(x, w, bias)`), building it at the
+    first call; None when it is turned off or cannot be built (logged once)."""
+    if not wanted():
+        return None
+    with _lock:
+        if "module" not in _kernel:
+            _kernel["module"] = _build()
+        return _kernel["module"]
+
+
+def eligible(weight: torch.Tensor) -> bool:
+    """A weight the kernel takes as it is: float32 [N, K] contiguous on the CPU, K a
+    multiple of `LANES`."""
+    return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and weight.is_contiguous() and weight.shape[1] % LANES == 0)
+
+
+def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [..., K] @ weight.T + bias through `kernel` (weight `eligible`): [..., N]."""
+    flat = x.reshape(-1, weight.shape[1]).contiguous()  # [rows, K]
+    out = kernel.streamed_linear(flat, weight, bias)  # [rows, N]
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def twin(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The torch twin of the kernel."""
+    return F.linear(x, weight, bias)
+
+
+def build_name(source: bytes) -> str:
+    """The extension's name: the source, flags, CPU and torch hashed, so that a changed
+    one builds anew instead of loading a stale build."""
+    digest = hashlib.sha256()
+    for part in (source, " ".join(CFLAGS).encode(), _cpu_flags().encode(), torch.__version__.encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return f"specdec_streamed_linear_{digest.hexdigest()[:16]}"
+
+
+def _build() -> Optional[Any]:
+    path = kernel_dir() / SOURCE_NAME
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        LOG.info("streamed CPU linear: not built on %s (x86-64 only)", platform.machine())
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        _ninja_on_path()
+        source = path.read_bytes()
+        module = cpp_extension.load(name=build_name(source), sources=[str(path)], extra_cflags=list(CFLAGS),
+                                    verbose=False)
+    except Exception as e:  # no compiler or ninja, a failed build, an unreadable source
+        LOG.warning("streamed CPU linear unavailable (%s: %s); matmuls keep to MKL and oneDNN",
+                    type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
+        return None
+    LOG.info("streamed CPU linear built from %s", path.name)
+    return module
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the pip package's binary is put there
+    when PATH lacks one (a server started without the virtual environment active)."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and instruction-set flags (/proc/cpuinfo), else `platform`'s name."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted_keys = ("model name", "flags")
+    return "\n".join(sorted({line for line in lines if line.split(":", 1)[0].strip() in wanted_keys}))

@@ -1,0 +1,186 @@
+"""The streamed float32 CPU linear (kernels/cpu_streamed_linear.cpp, `models/cpu_streamed.py`)
+against its torch twin `F.linear`, and the routing that sends row counts to it
+(`cpu_linear.plan_paths`, `PackedCpuLinear`).
+
+The kernel is built once per machine (about 35 s on 2 cores, then cached by torch). On an
+x86-64 Linux machine with a C++ compiler and ninja, as the test machines are, it must build:
+the kernel tests fail rather than skip there, so that they cannot pass by never running.
+"""
+from __future__ import annotations
+
+import platform
+import shutil
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from specdec.models import cpu_linear, cpu_streamed
+from specdec.models.cpu_linear import COPY_MARGIN, ROW_LADDER, RowRouting, plan_paths, use_packed_cpu_linears
+
+INF = float("inf")
+
+
+def can_build() -> bool:
+    """This machine has what the build needs (x86-64, a C++ compiler, ninja)."""
+    try:
+        import ninja  # noqa: F401
+        has_ninja = True
+    except ImportError:
+        has_ninja = shutil.which("ninja") is not None
+    return platform.machine().lower() in ("x86_64", "amd64") and shutil.which("c++") is not None and has_ninja
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    built = cpu_streamed.streamed_kernel()
+    if built is None:
+        assert not can_build() or not cpu_streamed.wanted(), "the streamed kernel should build on this machine"
+        pytest.skip("no streamed kernel on this machine")
+    return built
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64])
+@pytest.mark.parametrize("shape", [(576, 960), (1536, 576), (64, 33), (16, 1), (48, 200)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_equals_its_twin(kernel, rows, shape, bias):
+    """Equal to F.linear up to float32 rounding: both within a few float32 ulps of the
+    float64 product (odd output counts take the single-row tail; 1 output is all tail)."""
+    in_features, out_features = shape
+    torch.manual_seed(rows * 7 + in_features)
+    lin = nn.Linear(in_features, out_features, bias=bias)
+    x = torch.randn(rows, in_features)
+    got = cpu_streamed.streamed_linear(kernel, x, lin.weight.detach(), None if lin.bias is None else lin.bias.detach())
+    want = cpu_streamed.twin(x, lin.weight.detach(), None if lin.bias is None else lin.bias.detach())
+    exact = F.linear(x.double(), lin.weight.double(), None if lin.bias is None else lin.bias.double())
+    assert got.shape == want.shape == (rows, out_features) and got.dtype == torch.float32
+    # the error bound of a float32 dot product of length K: K * eps * sum |x_k w_k|
+    scale = (x.double().abs() @ lin.weight.double().abs().T) * in_features * torch.finfo(torch.float32).eps
+    assert ((got.double() - exact).abs() <= scale + 1e-6).all()
+    assert ((want.double() - exact).abs() <= scale + 1e-6).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_keeps_leading_dims(kernel):
+    torch.manual_seed(1)
+    w, b = torch.randn(80, 64), torch.randn(80)
+    x = torch.randn(2, 3, 64)
+    got = cpu_streamed.streamed_linear(kernel, x, w, b)
+    assert got.shape == (2, 3, 80)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_does_not_depend_on_the_rows_beside_it(kernel):
+    """Bit for bit: a row alone, among 8 (one block), among 13 (blocks of 8, 4 and 1) and
+    with other rows around it give the same result."""
+    torch.manual_seed(3)
+    w = torch.randn(200, 576)
+    rows = torch.randn(13, 576)
+    alone = torch.cat([kernel.streamed_linear(rows[i:i + 1].contiguous(), w, None) for i in range(13)])
+    together = kernel.streamed_linear(rows, w, None)
+    assert torch.equal(alone, together)
+    shuffled = torch.randperm(13)
+    assert torch.equal(kernel.streamed_linear(rows[shuffled].contiguous(), w, None), together[shuffled])
+    padded = torch.cat([torch.randn(5, 576), rows[4:5], torch.randn(2, 576)])
+    assert torch.equal(kernel.streamed_linear(padded, w, None)[5], together[4])
+
+
+def test_kernel_refuses_what_it_cannot_take(kernel):
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernel.streamed_linear(torch.randn(2, 24), torch.randn(8, 24), None)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel.streamed_linear(torch.randn(2, 32).double(), torch.randn(8, 32).double(), None)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernel.streamed_linear(torch.randn(32, 2).T, torch.randn(8, 32), None)
+
+
+def test_eligible_weights():
+    assert cpu_streamed.eligible(torch.randn(8, 32))
+    assert not cpu_streamed.eligible(torch.randn(8, 24))  # inputs not a multiple of 16
+    assert not cpu_streamed.eligible(torch.randn(32, 8).T)  # not contiguous
+    assert not cpu_streamed.eligible(torch.randn(8, 32).double())
+    assert cpu_streamed.eligible(torch.randn(16, 32)[4:])  # a fused projection's rows: contiguous
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECDEC_CPU_STREAMED", "0")
+    assert cpu_streamed.streamed_kernel() is None
+    assert cpu_linear.streamed_kernel_for(cpu_linear.packed_layers(packed(nn.Linear(32, 32)))) is None
+
+
+def test_build_name_follows_the_source():
+    assert cpu_streamed.build_name(b"a") != cpu_streamed.build_name(b"b")
+    assert cpu_streamed.build_name(b"a") == cpu_streamed.build_name(b"a")
+
+
+# -- routing ------------------------------------------------------------------------------
+
+
+def ladder(sgemm, onednn=None, packed_ms=None, streamed=None) -> list:
+    return [(r, sgemm(r), (onednn or sgemm)(r), (packed_ms or sgemm)(r), (streamed or (lambda _: INF))(r))
+            for r in ROW_LADDER]
+
+
+def test_plan_takes_the_streamed_kernel_where_it_is_the_fastest_copy_free_path():
+    # sgemm 10 + 2 rows; streamed 12.5 + rows / 2: slower at 1 row, faster from 2 rows on
+    routing = plan_paths(ladder(lambda r: 10.0 + 2 * r, streamed=lambda r: 12.5 + r / 2), max_packs=3)
+    assert routing.streamed_rows == frozenset(r for r in ROW_LADDER if r >= 2)
+    assert not routing.onednn_rows and not routing.packs
+    assert [routing.streamed(r) for r in (1, 2, 5, 64)] == [False, True, True, True]
+
+
+def test_copies_must_beat_the_streamed_kernel_by_the_margin():
+    """A path that copies the weights is weighed against the faster copy-free one."""
+    streamed = lambda r: 10.0  # noqa: E731
+    close = plan_paths(ladder(lambda r: 20.0, onednn=lambda r: 10.0 * (1 - COPY_MARGIN / 2),
+                              packed_ms=lambda r: 10.0 * (1 - COPY_MARGIN / 2), streamed=streamed), max_packs=3)
+    assert close.streamed_rows == frozenset(ROW_LADDER) and not close.onednn_rows and not close.packs
+    far = plan_paths(ladder(lambda r: 20.0, onednn=lambda r: 5.0 if r >= 16 else 20.0,
+                            packed_ms=lambda r: 6.0 if r == 8 else 20.0, streamed=streamed), max_packs=3)
+    assert far.onednn_rows == {16, 32, 64} and dict(far.packs) == {r: 8 for r in (1, 2, 3, 4, 6, 8)}
+    assert far.streamed_rows == {12}  # where neither copy took the step
+
+
+def packed(lin: nn.Linear) -> nn.Module:
+    model = nn.Sequential(lin)
+    assert use_packed_cpu_linears(model) == 1
+    return model
+
+
+def test_calls_take_the_streamed_kernel_at_its_row_counts(kernel, monkeypatch):
+    torch.manual_seed(5)
+    lin = nn.Linear(64, 96)
+    model = packed(nn.Linear(64, 96))
+    model[0].load_state_dict(lin.state_dict())
+    calls = []
+    real = cpu_streamed.streamed_linear
+
+    def spy(k, x, w, b):
+        calls.append(x.shape[0])
+        return real(k, x, w, b)
+    monkeypatch.setattr(cpu_streamed, "streamed_linear", spy)
+    cpu_linear.route(cpu_linear.packed_layers(model), RowRouting(frozenset(), streamed_rows=frozenset({2, 3, 4, 8})))
+    with torch.inference_mode():
+        for rows in (1, 2, 4, 5, 7, 9, 70):
+            x = torch.randn(rows, 64)
+            got, want = model(x), F.linear(x, lin.weight, lin.bias)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            if rows not in (2, 4, 7):
+                assert torch.equal(got, want)  # F.linear itself
+    assert calls == [2, 4, 7]  # 7 rows take 8's step; 5 rows 6's, 9 rows 12's, 70 rows 64's
+
+
+def test_an_ineligible_layer_leaves_the_kernel_out_of_the_timing(monkeypatch):
+    seen = []
+
+    def time_paths(layers, rows, repeats, mkl=True, streamed=None):
+        seen.append(streamed)
+        return (10.0, 10.0, INF, INF)
+    monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(24, 64))
+    assert use_packed_cpu_linears(model) == 2
+    layers = cpu_linear.packed_layers(model)
+    assert [m._streamable for m in layers] == [True, False]
+    cpu_linear.choose_row_paths(layers)
+    assert seen and all(s is None for s in seen)
