@@ -4,15 +4,14 @@
 //
 // Built at run time by specdec/models/cpu_streamed.py (torch.utils.cpp_extension, -march
 // of the machine it runs on); its torch twin is F.linear. A decode step's matmuls are
-// memory-bound on a small CPU: a 2-core VM streams SmolLM2-135M's 425 MB of target
-// weights in about 23 ms, whatever the row count, if each weight row is read from memory
-// once. MKL's sgemm re-packs the weight at every call and oneDNN's blocked layout does
-// not keep up with memory either, so 8 rows cost them 1.6-2.2x one row. Here each pair
-// of weight rows is loaded once (prefetched a few rows ahead) and meets every input row
-// while it sits in L1.
+// bound by memory on a small CPU, so a few rows should cost about what one row costs if
+// each weight row is read from memory once. MKL's sgemm re-packs the weight at every
+// call; MKL's packs and oneDNN's layout are copies of the weights. Here each pair of
+// weight rows is loaded once (prefetched a few rows ahead) and meets every input row
+// while it sits in L1; the weight is used as it is.
 //
 // Each output is one row's dot product in a fixed order (16 lanes over k, then the lanes
-// summed in order), whatever M is and whichever rows share a call: a row's result does
+// summed as a fixed tree), whatever M is and whichever rows share a call: a row's result does
 // not depend on the rows beside it. It differs from F.linear's in the last bits only
 // (another summation order).
 //

@@ -26,9 +26,11 @@ other paths keep the weight packed once:
 - A kernel of this repository (kernels/cpu_streamed_linear.cpp, built at the first load
   on a machine: `cpu_streamed.py`), which reads each weight row once and applies every
   input row to it while it is in L1, on the weight as it is (no copy). On a 2-core Xeon
-  with AVX-512, the target's linears over 4, 8 and 16 rows took 36, 33 and 42 ms through
-  it against 42, 44 and 56 through oneDNN and 50, 54 and 67 through sgemm, and 24 ms over
-  one row like gemv (ad hoc timing; the load-time timings are in each routing).
+  with AVX-512, one load timed the target's linears over 4, 8 and 16 rows at 45, 63 and
+  75 ms through it, 47, 63 and 74 through oneDNN, 42, 59 and 68 through MKL packs of
+  those row counts and 58, 78 and 87 through sgemm
+  (docs/bench/row_routing_smollm2_target_streamed.json): as fast as the copies, without
+  them, so it took those row counts and MKL's packs only 32 and 64.
 
 One-row calls (plain decoding at batch 1, a drafter's single-row forwards) are routed
 the same way: `F.linear` calls MKL's gemv there, which on an Intel Xeon is as fast as

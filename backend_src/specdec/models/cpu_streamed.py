@@ -1,13 +1,16 @@
 """The streamed float32 linear (kernels/cpu_streamed_linear.cpp): built once per machine, or absent.
 
-A decode step's matmuls on a small CPU are bound by memory: the weights are read once
-per call whatever the row count, if the kernel keeps up. On a 2-core Intel Xeon VM
-(AVX-512, about 18 GB/s), SmolLM2-135M's target linears took 21-24 ms over one row by
-any path, but over 8 rows 46-52 ms through MKL's sgemm and 37-41 ms through oneDNN,
-where this kernel, which loads each pair of weight rows once and applies every input
-row to it, took 30 ms (ad hoc timing; `tools/bench/cpu_linear_layouts.py` and the load
-time routing measure it in place). It is the fourth path of `cpu_linear`'s routing and
-needs no copy of the weights, so the routing takes it wherever it is the fastest.
+A decode step's matmuls on a small CPU are bound by memory: a kernel that keeps up reads
+the weights once per call whatever the row count. MKL's sgemm re-packs the weight at
+every call, and MKL's packs and oneDNN's layout are copies of the weights (540 MB more
+each for SmolLM2-135M's target). This kernel loads each pair of weight rows once and
+applies every input row to it while it is in L1, on the weight as it is. It is the
+fourth path of `cpu_linear`'s routing, timed at load beside the others and taken where it
+is the fastest path without a copy, unless a copy beats it by `cpu_linear.COPY_MARGIN`.
+On a 2-core Intel Xeon VM (AVX-512), the load-time timings of the target's linears
+(docs/bench/row_routing_smollm2_target_streamed.json) put it at 4-16 rows, and 8-node
+EAGLE-3 trees went from 1.05x to 1.14x of plain decoding on MT-bench and from 1.52x to
+1.85x on HumanEval, plain decoding unchanged (docs/benchmarks.md 1.25).
 
 The source is compiled at the first load on a machine with `torch.utils.cpp_extension`
 (a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU
