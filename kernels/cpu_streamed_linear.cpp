@@ -77,7 +77,8 @@ inline void all_rows(const float* x, const float* w, float* y, int64_t M, int64_
 
 }  // namespace
 
-torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias) {
+torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w,
+                              const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] expected");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32, "float32 expected");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),

@@ -184,3 +184,18 @@ def test_an_ineligible_layer_leaves_the_kernel_out_of_the_timing(monkeypatch):
     assert [m._streamable for m in layers] == [True, False]
     cpu_linear.choose_row_paths(layers)
     assert seen and all(s is None for s in seen)
+
+
+def test_a_failed_build_is_logged_once_and_leaves_the_kernel_out(monkeypatch, tmp_path, caplog):
+    """A source that cannot be built (here: none where it is looked for) gives no kernel,
+    one warning, and no second attempt in the process; the routing then leaves it out."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("not built off x86-64 at all")
+    monkeypatch.setattr(cpu_streamed, "_kernel", {})  # this process's build forgotten, restored after
+    monkeypatch.setattr(cpu_streamed, "kernel_dir", lambda: tmp_path)
+    with caplog.at_level("WARNING", logger="specdec"):
+        assert cpu_streamed.streamed_kernel() is None
+        assert cpu_streamed.streamed_kernel() is None
+    assert caplog.text.count("streamed CPU linear unavailable") == 1
+    model = packed(nn.Linear(32, 32))
+    assert cpu_linear.streamed_kernel_for(cpu_linear.packed_layers(model)) is None

@@ -334,9 +334,10 @@ def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: boo
                 streamed: Optional[Any] = None) -> tuple[float, float, float, float]:
     """Milliseconds of one pass over `layers` with `rows`-row inputs: (F.linear, oneDNN,
     MKL packed for `rows` rows (inf when `mkl` is false), the `streamed` kernel (inf
-    without one)), the fastest of `repeats` passes each after an untimed one. The paths take turns, so that other work on the machine
-    (a server loads its other models meanwhile) slows them alike rather than one. The
-    MKL packs made here are dropped after."""
+    without one)), the fastest of `repeats` passes each after an untimed one. The paths
+    take turns, so that other work on the machine (a server loads its other models
+    meanwhile) slows them alike rather than one. The MKL packs made here are dropped
+    after."""
     inputs = [torch.randn(rows, m.in_features) for m in layers]  # [rows, in] each
     paths = [lambda: [F.linear(x, m.weight, m.bias) for m, x in zip(layers, inputs)],
              lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)]]
