@@ -45,8 +45,8 @@ Which path wins depends on the CPU and the row count, so the engine measures all
 at load (`choose_row_paths`: a model's own linears, in order, at each row count of
 `ROW_LADDER`) and each model's calls take the path chosen for their row count
 (`RowRouting`, chosen by `plan_paths`). A path that needs a copy of the weights must
-win by `COPY_MARGIN` over the faster of sgemm and the streamed kernel, which need none; MKL packs, one copy
-each, are at most `SPECDEC_CPU_MKL_PACKS` (default `MAX_MKL_PACKS`) per model.
+win by `COPY_MARGIN` over the faster of sgemm and the streamed kernel, which need none;
+MKL packs, one copy each, are at most `SPECDEC_CPU_MKL_PACKS` (default `MAX_MKL_PACKS`) per model.
 `SPECDEC_CPU_ONEDNN=0` keeps every call on `F.linear`, `=1` sends every call to oneDNN
 without measuring; `SPECDEC_CPU_STREAMED=0` leaves the streamed kernel out.
 
@@ -103,7 +103,8 @@ class RowRouting:
         return _step(rows) in self.onednn_rows
 
     def streamed(self, rows: int) -> bool:
-        return _step(rows) in self.streamed_rows
+        """Never past the ladder: a prompt's hundreds of rows are not a decode step's few."""
+        return rows <= ROW_LADDER[-1] and _step(rows) in self.streamed_rows
 
     def pack_rows(self, rows: int) -> Optional[int]:
         """The row count of the MKL pack a `rows`-row call uses, or None."""
@@ -142,30 +143,30 @@ def plan_paths(timings: list[Timing], max_packs: int) -> RowRouting:
     copy-free time by `COPY_MARGIN`. Then oneDNN takes the steps it beats that by
     `COPY_MARGIN` too. The streamed kernel keeps the steps where it is the faster
     copy-free path and neither copy took them."""
-    sgemm = {rows: min(plain_ms, streamed_ms) for rows, plain_ms, _, _, streamed_ms in timings}
+    copy_free = {rows: min(plain_ms, streamed_ms) for rows, plain_ms, _, _, streamed_ms in timings}
     packed = {rows: ms for rows, _, _, ms, _ in timings if ms < float("inf")}
 
     def choice(packs: tuple[int, ...]) -> dict[int, int]:
         """ladder step -> the pack it takes, under the packs `packs`"""
         out = {}
-        for rows in sgemm:
+        for rows in copy_free:
             fits = [p for p in packs if p >= rows]
             best = min(fits, key=lambda p: packed[p], default=None)
-            if best is not None and packed[best] < (1 - COPY_MARGIN) * sgemm[rows]:
+            if best is not None and packed[best] < (1 - COPY_MARGIN) * copy_free[rows]:
                 out[rows] = best
         return out
 
     def cost(packs: tuple[int, ...]) -> float:
         taken = choice(packs)
         # a step whose F.linear time rounds to 0 ms (a tiny layer) counts as saving nothing
-        return sum((packed[taken[r]] / sgemm[r] if r in taken else 1.0) for r in sgemm)
+        return sum((packed[taken[r]] / copy_free[r] if r in taken else 1.0) for r in copy_free)
 
     candidates = sorted(packed)
     subsets = [c for k in range(0, max(0, max_packs) + 1) for c in itertools.combinations(candidates, k)]
     best = min(subsets, key=lambda packs: (round(cost(packs), 9), len(packs)))
     taken = choice(best)
     onednn = frozenset(rows for rows, _, onednn_ms, _, _ in timings
-                       if onednn_ms < (1 - COPY_MARGIN) * (packed[taken[rows]] if rows in taken else sgemm[rows]))
+                       if onednn_ms < (1 - COPY_MARGIN) * (packed[taken[rows]] if rows in taken else copy_free[rows]))
     packs = tuple(sorted((rows, size) for rows, size in taken.items() if rows not in onednn))
     streamed = frozenset(rows for rows, plain_ms, _, _, streamed_ms in timings
                          if streamed_ms < plain_ms and rows not in onednn and rows not in taken)
