@@ -182,6 +182,7 @@ class PackedCpuLinear(nn.Linear):
     _packed: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]  # oneDNN's copy (weight, bias)
     _mkl_packs: dict[int, torch.Tensor]  # row count -> MKL's packed copy of the weight
     _streamable: bool  # the streamed kernel takes this weight as it is (cpu_streamed.eligible)
+    _streamed: Optional[Any]  # the streamed kernel, set by `route` where the routing uses it and it takes the weight
     routing: RowRouting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,10 +194,8 @@ class PackedCpuLinear(nn.Linear):
         size = self.routing.pack_rows(rows)
         if size is not None:
             return self._mkl_packed(x, rows, size)
-        if self._streamable and self.routing.streamed(rows):
-            kernel = cpu_streamed.streamed_kernel()
-            if kernel is not None:
-                return cpu_streamed.streamed_linear(kernel, x, self.weight, self.bias)
+        if self._streamed is not None and self.routing.streamed(rows):
+            return cpu_streamed.streamed_linear(self._streamed, x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def _onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -256,6 +255,7 @@ def use_packed_cpu_linears(module: nn.Module) -> int:
             sub._packed = None
             sub._mkl_packs = {}
             sub._streamable = cpu_streamed.eligible(sub.weight)
+            sub._streamed = None
             sub.routing = ALWAYS_ONEDNN
             count += 1
     return count
@@ -306,10 +306,13 @@ def measuring_wanted(layers: list[PackedCpuLinear]) -> bool:
 
 def route(layers: list[PackedCpuLinear], routing: RowRouting) -> None:
     """Sends `layers`' calls the way `routing` says; packed copies that no
-    chosen path uses are dropped."""
+    chosen path uses are dropped. The streamed kernel is looked up here, once, not at
+    every call."""
     sizes = set(routing.pack_sizes())
+    kernel = cpu_streamed.streamed_kernel() if routing.streamed_rows else None
     for m in layers:
         m.routing = routing
+        m._streamed = kernel if m._streamable else None
         if not routing.onednn_rows:
             m._packed = None
         m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in sizes}
