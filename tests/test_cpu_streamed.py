@@ -95,6 +95,60 @@ def test_kernel_refuses_what_it_cannot_take(kernel):
         kernel.streamed_linear(torch.randn(32, 2).T, torch.randn(8, 32), None)
 
 
+def exact_in(dtype: torch.dtype, rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
+    """A float32 weight [rows, cols] whose every value is exact in `dtype`."""
+    return (torch.randn(rows, cols) * scale).to(dtype).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("shape", [(576, 960), (64, 33), (16, 1)])
+def test_a_16bit_weight_gives_the_float32_weights_results_bit_for_bit(kernel, dtype, rows, shape):
+    """The kernel widens 16-bit weights as it loads them: on a weight exact in 16 bits, the
+    16-bit copy's results are the float32 weight's, bit for bit (odd outputs, tails)."""
+    in_features, out_features = shape
+    torch.manual_seed(rows + out_features)
+    w, b = exact_in(dtype, out_features, in_features), torch.randn(out_features)
+    x = torch.randn(rows, in_features)
+    compact = w.to(dtype)
+    assert compact.dtype == dtype and compact.element_size() == 2
+    got = cpu_streamed.streamed_linear(kernel, x, compact, b)
+    assert torch.equal(got, cpu_streamed.streamed_linear(kernel, x, w, b))
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-4)  # another summation order
+
+
+def test_16bit_weights_take_every_value_their_type_holds(kernel):
+    """Subnormals, zeros and the largest values of each 16-bit type come back as
+    themselves (the widening is exact, not approximated)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        info = torch.finfo(dtype)
+        special = torch.tensor([0.0, -0.0, info.tiny, info.tiny / 4, -info.tiny / 8, info.max, -info.max,
+                                info.eps, 1.0, -1.0, 3.0, 1.5, -0.75, 0.5, -2.0, 65504.0])
+        w = torch.stack([special.roll(i) for i in range(32)]).to(dtype)  # [32, 16]
+        x = torch.eye(16)  # each output is one weight: the widened value itself
+        got = kernel.streamed_linear(x, w.contiguous(), None)
+        assert torch.equal(got, w.float().T.contiguous())
+
+
+def test_compact_weight_only_where_exact(monkeypatch):
+    torch.manual_seed(2)
+    plain = torch.randn(64, 32)  # float32 values, not exact in 16 bits
+    assert cpu_streamed.compact_weight(plain) is plain
+    half = exact_in(torch.float16, 64, 32)
+    assert cpu_streamed.compact_weight(half).dtype == torch.float16
+    wide = exact_in(torch.bfloat16, 64, 32, scale=1e9)  # past float16's range: bfloat16's
+    assert cpu_streamed.compact_weight(wide).dtype == torch.bfloat16
+    tiny = exact_in(torch.bfloat16, 64, 32, scale=1e-9)  # below float16's subnormals
+    assert cpu_streamed.compact_weight(tiny).dtype == torch.bfloat16
+    almost = half.clone()
+    almost[17, 3] = torch.nextafter(almost[17, 3], torch.tensor(10.0))  # one value off
+    assert cpu_streamed.compact_weight(almost) is almost
+    for weight in (half, wide):
+        assert torch.equal(cpu_streamed.compact_weight(weight).float(), weight)
+    monkeypatch.setenv("SPECDEC_CPU_STREAMED_16BIT", "0")
+    assert cpu_streamed.compact_weight(half) is half
+
+
 def test_eligible_weights():
     assert cpu_streamed.eligible(torch.randn(8, 32))
     assert not cpu_streamed.eligible(torch.randn(8, 24))  # inputs not a multiple of 16
@@ -171,6 +225,39 @@ def test_calls_take_the_streamed_kernel_at_its_row_counts(kernel, monkeypatch):
                 assert torch.equal(got, want)  # F.linear itself
     # 7 rows take 8's step; 5 rows 6's, 9 rows 12's; 70 rows are past the ladder (a prompt's)
     assert calls == [2, 4, 7]
+
+
+def test_calls_read_a_16bit_copy_of_an_exact_weight(kernel, monkeypatch):
+    """A layer whose weight is exact in float16 (a drafter's checkpoint) hands the kernel
+    a float16 copy, made once; its outputs are the float32 weight's bit for bit. A layer
+    that never takes the kernel keeps no copy."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 64))
+    with torch.no_grad():
+        model[0].weight.copy_(exact_in(torch.float16, 96, 64))
+    reference = [(m.weight.detach().clone(), m.bias.detach().clone()) for m in model]
+    assert use_packed_cpu_linears(model) == 2
+    layers = cpu_linear.packed_layers(model)
+    read = []
+    real = cpu_streamed.streamed_linear
+
+    def spy(k, x, w, b):
+        read.append((x.shape[-1], w.dtype, w.data_ptr()))
+        return real(k, x, w, b)
+    monkeypatch.setattr(cpu_streamed, "streamed_linear", spy)
+    cpu_linear.route(layers, RowRouting(frozenset(), streamed_rows=frozenset({2, 4})))
+    with torch.inference_mode():
+        for _ in range(2):
+            x = torch.randn(4, 64)
+            h = real(kernel, x, *reference[0])
+            assert torch.equal(model[0](x), h)
+            assert torch.equal(model(x), real(kernel, h, *reference[1]))
+    assert [(k, d) for k, d, _ in read] == [(64, torch.float16), (64, torch.float16), (96, torch.float32)] * 2
+    assert len({p for k, _, p in read if k == 64}) == 1  # one copy, made at the first call
+    assert layers[0]._streamed_weight.dtype == torch.float16
+    assert layers[1]._streamed_weight.data_ptr() == layers[1].weight.data_ptr()  # the weight itself, no copy
+    cpu_linear.route(layers, RowRouting(frozenset()))  # the kernel at no row count: copies dropped
+    assert all(m._streamed_weight is None for m in layers)
 
 
 def test_an_ineligible_layer_leaves_the_kernel_out_of_the_timing(monkeypatch):

@@ -138,3 +138,13 @@ def test_fingerprint_names_the_streamed_kernel_it_could_time(monkeypatch):
     odd = routing_cache.fingerprint(model(width=72))  # 72 inputs: not a multiple of 16, never streamed
     monkeypatch.delenv("SPECDEC_CPU_STREAMED")
     assert odd["streamed"] is None and routing_cache.fingerprint(model(width=72))["streamed"] is None
+
+
+def test_fingerprint_says_whether_the_kernel_reads_16bit_copies(monkeypatch):
+    """Timings taken with 16-bit copies of exact weights (a drafter's) are not read back by a
+    load that keeps every weight in float32 (SPECDEC_CPU_STREAMED_16BIT=0), nor the other way."""
+    compact = routing_cache.fingerprint(model())
+    monkeypatch.setenv("SPECDEC_CPU_STREAMED_16BIT", "0")
+    float32_only = routing_cache.fingerprint(model())
+    assert compact["streamed_16bit"] is True and float32_only["streamed_16bit"] is False
+    assert compact != float32_only

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from .config import EngineConfig
+from .models import cpu_streamed
 from .step_cost import StepCost
 
 LOG = logging.getLogger("specdec")
@@ -152,6 +153,7 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "onednn_rows": None if engine.row_routing is None else sorted(engine.row_routing.onednn_rows),
         "mkl_packs": None if engine.row_routing is None else [list(p) for p in engine.row_routing.packs],
         "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
+        "streamed_16bit": cpu_streamed.compact_wanted(),  # drafters' exact weights read as 16-bit copies
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
         "config": {name: getattr(config, name) for name in CONFIG_FIELDS},

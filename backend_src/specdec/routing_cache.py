@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from .calibration_cache import cache_dir, cpu_model, write_atomically
-from .models import cpu_linear
+from .models import cpu_linear, cpu_streamed
 from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, layer_shapes, measuring_wanted, route
 
 LOG = logging.getLogger("specdec")
@@ -74,12 +74,14 @@ def routing_cache_dir(setting: str) -> Optional[Path]:
 def fingerprint(layers: list[PackedCpuLinear]) -> dict:
     """What the routing depends on: the CPU, its threads, torch, how routing measures
     (`cpu_linear.py`'s source), how many MKL packs it may keep, the streamed kernel (its
-    build, or none) and the shapes of the layers a forward calls."""
+    build, or none, and whether it reads 16-bit copies of exact weights) and the shapes
+    of the layers a forward calls."""
     source = Path(cpu_linear.__file__).read_bytes()
     kernel = cpu_linear.streamed_kernel_for(cpu_linear._called(layers))
     return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "mkl_packs": cpu_linear.mkl_packs_allowed(),
-            "streamed": None if kernel is None else kernel.__name__, "layers": layer_shapes(layers)}
+            "streamed": None if kernel is None else kernel.__name__, "streamed_16bit": cpu_streamed.compact_wanted(),
+            "layers": layer_shapes(layers)}
 
 
 def _read(path: Path, fp: dict) -> Optional[RowRouting]:

@@ -183,6 +183,7 @@ class PackedCpuLinear(nn.Linear):
     _mkl_packs: dict[int, torch.Tensor]  # row count -> MKL's packed copy of the weight
     _streamable: bool  # the streamed kernel takes this weight as it is (cpu_streamed.eligible)
     _streamed: Optional[Any]  # the streamed kernel, set by `route` where the routing uses it and it takes the weight
+    _streamed_weight: Optional[torch.Tensor]  # what the kernel reads: cpu_streamed.compact_weight, made at first use
     routing: RowRouting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,8 +196,16 @@ class PackedCpuLinear(nn.Linear):
         if size is not None:
             return self._mkl_packed(x, rows, size)
         if self._streamed is not None and self.routing.streamed(rows):
-            return cpu_streamed.streamed_linear(self._streamed, x, self.weight, self.bias)
+            return cpu_streamed.streamed_linear(self._streamed, x, self._kernel_weight(), self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def _kernel_weight(self) -> torch.Tensor:
+        """The weight the streamed kernel reads: a 16-bit copy where the weight is exact in
+        16 bits (a drafter's), else the weight itself; made at the first call, so only
+        modules that take the kernel pay its memory."""
+        if self._streamed_weight is None:
+            self._streamed_weight = cpu_streamed.compact_weight(self.weight.detach())
+        return self._streamed_weight
 
     def _onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         if _ONEDNN_PREPACKED:
@@ -256,6 +265,7 @@ def use_packed_cpu_linears(module: nn.Module) -> int:
             sub._mkl_packs = {}
             sub._streamable = cpu_streamed.eligible(sub.weight)
             sub._streamed = None
+            sub._streamed_weight = None
             sub.routing = ALWAYS_ONEDNN
             count += 1
     return count
@@ -313,6 +323,8 @@ def route(layers: list[PackedCpuLinear], routing: RowRouting) -> None:
     for m in layers:
         m.routing = routing
         m._streamed = kernel if m._streamable else None
+        if m._streamed is None:
+            m._streamed_weight = None  # a 16-bit copy the timing made, which no call reads
         if not routing.onednn_rows:
             m._packed = None
         m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in sizes}
@@ -347,7 +359,7 @@ def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: boo
              lambda: [m._onednn(x, rows) for m, x in zip(layers, inputs)]]
     paths.append((lambda: [m._mkl_packed(x, rows, rows) for m, x in zip(layers, inputs)]) if mkl else None)
     if streamed is not None:
-        paths.append(lambda: [cpu_streamed.streamed_linear(streamed, x, m.weight, m.bias)
+        paths.append(lambda: [cpu_streamed.streamed_linear(streamed, x, m._kernel_weight(), m.bias)
                               for m, x in zip(layers, inputs)])
     best = [float("inf")] * 4
     had = [set(m._mkl_packs) for m in layers]

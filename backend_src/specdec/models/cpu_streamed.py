@@ -22,6 +22,14 @@ routing keeps to the other three paths. `SPECDEC_CPU_STREAMED=0` never builds it
 
 Its torch twin is `F.linear`: results equal it up to float32 rounding (another summation
 order). A row's result does not depend on the rows beside it in a call.
+
+Drafters' checkpoints hold their weights in 16 bits (float16 here, bfloat16 upstream), which
+the engine serves as float32 on a CPU. `compact_weight` gives the kernel a float16 or
+bfloat16 copy of such a weight when every value survives the round trip exactly: the
+kernel widens each weight as it loads it, so its results equal its results on the float32
+weight bit for bit, for half the memory read (a drafter's decode-time calls are bound by
+memory as the target's are). A weight that is not exact in 16 bits (the target's, from
+GGUF blocks) is used as it is. `SPECDEC_CPU_STREAMED_16BIT=0` keeps every weight in float32.
 """
 from __future__ import annotations
 
@@ -65,6 +73,25 @@ def streamed_kernel() -> Optional[Any]:
         return _kernel["module"]
 
 
+def compact_wanted() -> bool:
+    """16-bit copies of exact weights may be made (SPECDEC_CPU_STREAMED_16BIT is not 0)."""
+    return os.environ.get("SPECDEC_CPU_STREAMED_16BIT", "auto") != "0"
+
+
+def compact_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight the kernel reads for `weight` (float32, `eligible`): a float16 copy
+    when every value is exact in float16, else a bfloat16 copy when exact in bfloat16,
+    else `weight` itself (also when `compact_wanted()` is false). Half the bytes, the
+    same values, so the same results."""
+    if not compact_wanted():
+        return weight
+    for dtype in (torch.float16, torch.bfloat16):
+        copy = weight.to(dtype)
+        if torch.equal(copy.float(), weight):  # every value exact (an overflow to inf or a NaN is not equal)
+            return copy.contiguous()
+    return weight
+
+
 def eligible(weight: torch.Tensor) -> bool:
     """A weight the kernel takes as it is: float32 [N, K] contiguous on the CPU, K a
     multiple of `LANES`."""
@@ -73,7 +100,8 @@ def eligible(weight: torch.Tensor) -> bool:
 
 
 def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [..., K] @ weight.T + bias through `kernel` (weight `eligible`): [..., N]."""
+    """x [..., K] @ weight.T + bias through `kernel` (weight `eligible`, or its
+    `compact_weight`): [..., N]."""
     flat = x.reshape(-1, weight.shape[1]).contiguous()  # [rows, K]
     out = kernel.streamed_linear(flat, weight, bias)  # [rows, N]
     return out.reshape(*x.shape[:-1], weight.shape[0])
