@@ -15,13 +15,17 @@
 // not depend on the rows beside it. It differs from F.linear's in the last bits only
 // (another summation order).
 //
-// The weight may also be float16 or bfloat16 (a drafter's weights, which its checkpoint
-// holds in 16 bits: cpu_streamed.compact_weight keeps a copy only where it is exact).
-// Its values are widened to float32 as they are loaded, so the results equal, bit for
-// bit, the kernel's on the float32 weight of the same values, for half the memory read.
+// The weight may also come in fewer bytes, where its float32 values allow it exactly
+// (cpu_streamed.compact_weight checks every value before making such a copy):
+// - float16 or bfloat16 (a drafter's weights, which its checkpoint holds in 16 bits);
+// - int8 in blocks of 32 along k, each block with a float32 scale, w = q * scale (the
+//   target's LM head, dequantized from GGUF's Q8_0 blocks: q * scale is exact in float32).
+// Each value is widened to float32 as it is loaded, so the results equal, bit for bit,
+// the kernel's on the float32 weight, for a half or a bit over a quarter of the memory read.
 //
-// Needs: x contiguous float32 and w contiguous float32, float16 or bfloat16 on the CPU,
-// K a multiple of 16 (the Python side checks and falls back to F.linear).
+// Needs: x contiguous float32 and w contiguous (float32, float16, bfloat16, or int8 with
+// scales [N, K / 32] float32) on the CPU, K a multiple of 16 (32 for int8); the Python side
+// checks and falls back to F.linear.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -34,42 +38,90 @@ typedef float lanes16 __attribute__((vector_size(64), aligned(4)));  // 16 float
 
 constexpr int64_t PREFETCH_ROWS = 8;  // weight rows fetched ahead of the pair being used
 constexpr int64_t GRAIN_ROWS = 32;    // output features per parallel chunk, at least
+constexpr int64_t INT8_BLOCK = 32;    // int8 weights per scale, along k
 
 inline lanes16 load16(const float* p) { return *reinterpret_cast<const lanes16*>(p); }
 
-// 16 weights of 16 bits: float16 as the compiler's _Float16, bfloat16 as its raw bits.
+// 16 weights of 16 bits: float16 as the compiler's _Float16, bfloat16 as its raw bits;
+// 16 int8 weights.
 typedef _Float16 halves16 __attribute__((vector_size(32), aligned(2)));
 typedef uint16_t bits16x16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t bits32x16 __attribute__((vector_size(64)));
-struct BFloat16Bits { uint16_t bits; };  // the type the kernel reads bfloat16 weights as
+typedef int8_t bytes16 __attribute__((vector_size(16), aligned(1)));
 
-// 16 weights widened to float32 (exact for each of the three types). The compiler's own
-// vector conversion of _Float16 goes one value at a time, so the CPU's conversion
-// instructions are named where the build has them (AVX-512F, else F16C).
-inline lanes16 load_weights(const float* p) { return load16(p); }
-inline lanes16 load_weights(const _Float16* p) {
+// A weight matrix as the kernel reads it: `load(n, k)` gives weights [n, k, k + 16) as
+// float32 (exact for every type), `address(n, k)` where they sit (for prefetching).
+struct Float32Rows {
+  const float* w;
+  int64_t K;
+  lanes16 load(int64_t n, int64_t k) const { return load16(w + n * K + k); }
+  const void* address(int64_t n, int64_t k) const { return w + n * K + k; }
+};
+
+// The compiler's own vector conversion of _Float16 goes one value at a time, so the
+// CPU's conversion instructions are named where the build has them (AVX-512F, else F16C).
+struct Float16Rows {
+  const _Float16* w;
+  int64_t K;
+  lanes16 load(int64_t n, int64_t k) const {
+    const _Float16* p = w + n * K + k;
 #if defined(__AVX512F__)
-  return (lanes16)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return (lanes16)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif defined(__F16C__)
-  const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256 high = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  lanes16 out;
-  std::memcpy(&out, &low, sizeof(low));
-  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(low), &high, sizeof(high));
-  return out;
+    const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256 high = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    lanes16 out;
+    std::memcpy(&out, &low, sizeof(low));
+    std::memcpy(reinterpret_cast<char*>(&out) + sizeof(low), &high, sizeof(high));
+    return out;
 #else
-  return __builtin_convertvector(*reinterpret_cast<const halves16*>(p), lanes16);
+    return __builtin_convertvector(*reinterpret_cast<const halves16*>(p), lanes16);
 #endif
-}
-inline lanes16 load_weights(const BFloat16Bits* p) {  // bfloat16 is a float32's upper 16 bits
+  }
+  const void* address(int64_t n, int64_t k) const { return w + n * K + k; }
+};
+
+struct BFloat16Rows {  // bfloat16 is a float32's upper 16 bits
+  const uint16_t* w;
+  int64_t K;
+  lanes16 load(int64_t n, int64_t k) const {
+    const uint16_t* p = w + n * K + k;
 #if defined(__AVX512F__)
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return (lanes16)_mm512_slli_epi32(wide, 16);
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return (lanes16)_mm512_slli_epi32(wide, 16);
 #else
-  const bits32x16 wide = __builtin_convertvector(*reinterpret_cast<const bits16x16*>(p), bits32x16) << 16;
-  return reinterpret_cast<const lanes16&>(wide);
+    const bits32x16 wide = __builtin_convertvector(*reinterpret_cast<const bits16x16*>(p), bits32x16) << 16;
+    return reinterpret_cast<const lanes16&>(wide);
 #endif
-}
+  }
+  const void* address(int64_t n, int64_t k) const { return w + n * K + k; }
+};
+
+// The compiler's own vector conversion of int8 goes one value at a time too, so the
+// widening instructions are named where the build has them (AVX-512F, else AVX2).
+struct Int8BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32]: an exact product
+  const int8_t* q;
+  const float* scales;
+  int64_t K;
+  lanes16 load(int64_t n, int64_t k) const {
+    const int8_t* p = q + n * K + k;
+#if defined(__AVX512F__)
+    const lanes16 values = (lanes16)_mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+    const __m256 low = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    const __m256 high =
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+    lanes16 values;
+    std::memcpy(&values, &low, sizeof(low));
+    std::memcpy(reinterpret_cast<char*>(&values) + sizeof(low), &high, sizeof(high));
+#else
+    const lanes16 values = __builtin_convertvector(*reinterpret_cast<const bytes16*>(p), lanes16);
+#endif
+    return values * scales[n * (K / INT8_BLOCK) + k / INT8_BLOCK];
+  }
+  const void* address(int64_t n, int64_t k) const { return q + n * K + k; }
+};
 
 typedef float lanes8 __attribute__((vector_size(32)));
 typedef float lanes4 __attribute__((vector_size(16)));
@@ -83,19 +135,20 @@ inline float sum_lanes(lanes16 v) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// Rows [m0, m0 + MB) of x against weight rows [n, n + NB): NB * MB dot products of length K.
-template <int MB, int NB, typename W>
-inline void dot_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n,
-                      const W* prefetch) {
+// Rows [m0, m0 + MB) of x against weight rows [n, n + NB): NB * MB dot products of length
+// K. With `prefetch`, the weight rows PREFETCH_ROWS further on are fetched meanwhile.
+template <int MB, int NB, typename Rows>
+inline void dot_block(const float* x, const Rows& w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n,
+                      bool prefetch) {
   lanes16 acc[NB][MB];
   for (int j = 0; j < NB; j++)
     for (int m = 0; m < MB; m++) acc[j][m] = lanes16{};
   for (int64_t k = 0; k < K; k += 16) {
-    if (prefetch != nullptr) {
-      for (int j = 0; j < NB; j++) __builtin_prefetch(prefetch + j * K + k);
+    if (prefetch) {
+      for (int j = 0; j < NB; j++) __builtin_prefetch(w.address(n + PREFETCH_ROWS + j, k));
     }
     lanes16 wv[NB];
-    for (int j = 0; j < NB; j++) wv[j] = load_weights(w + (n + j) * K + k);
+    for (int j = 0; j < NB; j++) wv[j] = w.load(n + j, k);
     for (int m = 0; m < MB; m++) {
       const lanes16 xv = load16(x + (m0 + m) * K + k);
       for (int j = 0; j < NB; j++) acc[j][m] += wv[j] * xv;
@@ -107,51 +160,57 @@ inline void dot_block(const float* x, const W* w, float* y, int64_t K, int64_t N
 
 // Every row of x against weight rows [n, n + NB), in blocks of 8, 4, 2 and 1 rows; only
 // the first block prefetches (the later ones find the weight rows in L1).
-template <int NB, typename W>
-inline void all_rows(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n,
-                     const W* prefetch) {
+template <int NB, typename Rows>
+inline void all_rows(const float* x, const Rows& w, float* y, int64_t M, int64_t K, int64_t N, int64_t n,
+                     bool prefetch) {
   int64_t m = 0;
-  for (; m + 8 <= M; m += 8, prefetch = nullptr) dot_block<8, NB>(x, w, y, K, N, m, n, prefetch);
-  for (; m + 4 <= M; m += 4, prefetch = nullptr) dot_block<4, NB>(x, w, y, K, N, m, n, prefetch);
-  for (; m + 2 <= M; m += 2, prefetch = nullptr) dot_block<2, NB>(x, w, y, K, N, m, n, prefetch);
-  for (; m < M; m++, prefetch = nullptr) dot_block<1, NB>(x, w, y, K, N, m, n, prefetch);
+  for (; m + 8 <= M; m += 8, prefetch = false) dot_block<8, NB>(x, w, y, K, N, m, n, prefetch);
+  for (; m + 4 <= M; m += 4, prefetch = false) dot_block<4, NB>(x, w, y, K, N, m, n, prefetch);
+  for (; m + 2 <= M; m += 2, prefetch = false) dot_block<2, NB>(x, w, y, K, N, m, n, prefetch);
+  for (; m < M; m++, prefetch = false) dot_block<1, NB>(x, w, y, K, N, m, n, prefetch);
 }
 
 // y [M, N] = x [M, K] @ w [N, K].T, output rows split over torch's threads.
-template <typename W>
-void streamed_rows(const float* xp, const W* wp, float* yp, int64_t M, int64_t K, int64_t N) {
+template <typename Rows>
+void streamed_rows(const float* xp, const Rows& w, float* yp, int64_t M, int64_t K, int64_t N) {
   at::parallel_for(0, N, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
-    for (; n + 2 <= end; n += 2) {
-      const W* ahead = n + PREFETCH_ROWS + 2 <= end ? wp + (n + PREFETCH_ROWS) * K : nullptr;
-      all_rows<2>(xp, wp, yp, M, K, N, n, ahead);
-    }
-    if (n < end) all_rows<1>(xp, wp, yp, M, K, N, n, static_cast<const W*>(nullptr));
+    for (; n + 2 <= end; n += 2) all_rows<2>(xp, w, yp, M, K, N, n, n + PREFETCH_ROWS + 2 <= end);
+    if (n < end) all_rows<1>(xp, w, yp, M, K, N, n, false);
   });
 }
 
 }  // namespace
 
 torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w,
-                              const c10::optional<torch::Tensor>& bias) {
+                              const c10::optional<torch::Tensor>& bias,
+                              const c10::optional<torch::Tensor>& scales) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] expected");
   const auto wtype = w.scalar_type();
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "float32 x expected");
-  TORCH_CHECK(wtype == torch::kFloat32 || wtype == torch::kFloat16 || wtype == torch::kBFloat16,
-              "float32, float16 or bfloat16 w expected");
+  TORCH_CHECK(wtype == torch::kFloat32 || wtype == torch::kFloat16 || wtype == torch::kBFloat16 ||
+              wtype == torch::kInt8, "float32, float16, bfloat16 or int8 w expected");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
               "contiguous CPU tensors expected");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % 16 == 0, "K must be a multiple of 16, got ", K);
+  const bool has_scales = scales.has_value() && scales->defined();
+  TORCH_CHECK(has_scales == (wtype == torch::kInt8), "int8 w needs scales, and only int8 w takes them");
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (wtype == torch::kFloat16) {
-    streamed_rows(xp, reinterpret_cast<const _Float16*>(w.data_ptr<at::Half>()), yp, M, K, N);
+  if (wtype == torch::kInt8) {
+    TORCH_CHECK(K % INT8_BLOCK == 0, "int8 w: K must be a multiple of ", INT8_BLOCK, ", got ", K);
+    TORCH_CHECK(scales->scalar_type() == torch::kFloat32 && scales->is_contiguous() && scales->device().is_cpu() &&
+                scales->dim() == 2 && scales->size(0) == N && scales->size(1) == K / INT8_BLOCK,
+                "int8 w: scales [N, K / 32] contiguous float32 expected");
+    streamed_rows(xp, Int8BlockRows{w.data_ptr<int8_t>(), scales->data_ptr<float>(), K}, yp, M, K, N);
+  } else if (wtype == torch::kFloat16) {
+    streamed_rows(xp, Float16Rows{reinterpret_cast<const _Float16*>(w.data_ptr<at::Half>()), K}, yp, M, K, N);
   } else if (wtype == torch::kBFloat16) {
-    streamed_rows(xp, reinterpret_cast<const BFloat16Bits*>(w.data_ptr<at::BFloat16>()), yp, M, K, N);
+    streamed_rows(xp, BFloat16Rows{reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), K}, yp, M, K, N);
   } else {
-    streamed_rows(xp, w.data_ptr<float>(), yp, M, K, N);
+    streamed_rows(xp, Float32Rows{w.data_ptr<float>(), K}, yp, M, K, N);
   }
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
@@ -159,5 +218,6 @@ torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("streamed_linear", &streamed_linear,
-        "x @ w.T + bias in float32, w float32, float16 or bfloat16, the weight read once (CPU)");
+        "x @ w.T + bias in float32, w float32, float16, bfloat16 or int8 with scales, the weight read once (CPU)",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias"), pybind11::arg("scales") = pybind11::none());
 }

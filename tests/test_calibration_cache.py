@@ -60,11 +60,11 @@ def calibrated(tmp_path_factory):
     assert "on a chat request" in engine.policy.calibration_note  # calibration_prompt.py
     prompt = engine.policy.calibration_prompt
     assert calibration_cache.fingerprint(engine, {}, prompt) != calibration_cache.fingerprint(engine, {}, None)
-    os.environ["SPECDEC_CPU_STREAMED_16BIT"] = "0"  # drafters' weights in float32: their costs differ
+    os.environ["SPECDEC_CPU_STREAMED_COMPACT"] = "0"  # every weight read in float32: other costs
     try:
         float32_only = calibration_cache.fingerprint(engine, {}, prompt)
     finally:
-        del os.environ["SPECDEC_CPU_STREAMED_16BIT"]
+        del os.environ["SPECDEC_CPU_STREAMED_COMPACT"]
     assert float32_only != calibration_cache.fingerprint(engine, {}, prompt)
     return directory, policy_state(engine)
 

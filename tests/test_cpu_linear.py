@@ -188,7 +188,9 @@ def test_the_engine_packs_on_cpu_float32_only():
     assert isinstance(e32.target.lm_head, PackedCpuLinear)
     assert "oneDNN, MKL packs or the streamed kernel" in e32.load_note
     assert "measured at" in e32.load_note  # at this load or an earlier one
-    assert e32.target.lm_head.routing is e32.row_routing  # measured on the target's own linears
+    # measured on the target's decoder layers, and on its LM head on its own
+    assert all(m.routing is e32.row_routing for m in packed_layers(e32.target.model))
+    assert e32.target.lm_head.routing is e32.head_routing and "its LM head: " in e32.load_note
     e64 = make_engine(dtype="float64")
     assert e64.packed_linears == 0 and type(e64.target.lm_head) is nn.Linear
 

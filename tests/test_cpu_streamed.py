@@ -86,6 +86,20 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(kernel):
     assert torch.equal(kernel.streamed_linear(padded, w, None)[5], together[4])
 
 
+def test_kernel_refuses_int8_weights_without_their_scales(kernel):
+    q, scales = torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 2)
+    x = torch.randn(2, 64)
+    assert torch.equal(kernel.streamed_linear(x, q, None, scales), torch.zeros(2, 8))
+    with pytest.raises(RuntimeError, match="needs scales"):
+        kernel.streamed_linear(x, q, None)
+    with pytest.raises(RuntimeError, match="needs scales"):
+        kernel.streamed_linear(x, torch.randn(8, 64), None, scales)
+    with pytest.raises(RuntimeError, match="scales"):
+        kernel.streamed_linear(x, q, None, torch.ones(8, 3))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernel.streamed_linear(torch.randn(2, 48), torch.zeros(8, 48, dtype=torch.int8), None, torch.ones(8, 1))
+
+
 def test_kernel_refuses_what_it_cannot_take(kernel):
     with pytest.raises(RuntimeError, match="multiple of 16"):
         kernel.streamed_linear(torch.randn(2, 24), torch.randn(8, 24), None)
@@ -132,21 +146,76 @@ def test_16bit_weights_take_every_value_their_type_holds(kernel):
 
 def test_compact_weight_only_where_exact(monkeypatch):
     torch.manual_seed(2)
-    plain = torch.randn(64, 32)  # float32 values, not exact in 16 bits
-    assert cpu_streamed.compact_weight(plain) is plain
+    plain = torch.randn(64, 32)  # float32 values, none of the compact forms exact
+    assert cpu_streamed.compact_weight(plain).values is plain and cpu_streamed.compact_weight(plain).scales is None
     half = exact_in(torch.float16, 64, 32)
-    assert cpu_streamed.compact_weight(half).dtype == torch.float16
+    assert cpu_streamed.compact_weight(half).values.dtype == torch.float16
     wide = exact_in(torch.bfloat16, 64, 32, scale=1e9)  # past float16's range: bfloat16's
-    assert cpu_streamed.compact_weight(wide).dtype == torch.bfloat16
+    assert cpu_streamed.compact_weight(wide).values.dtype == torch.bfloat16
     tiny = exact_in(torch.bfloat16, 64, 32, scale=1e-9)  # below float16's subnormals
-    assert cpu_streamed.compact_weight(tiny).dtype == torch.bfloat16
-    almost = half.clone()
-    almost[17, 3] = torch.nextafter(almost[17, 3], torch.tensor(10.0))  # one value off
-    assert cpu_streamed.compact_weight(almost) is almost
-    for weight in (half, wide):
-        assert torch.equal(cpu_streamed.compact_weight(weight).float(), weight)
-    monkeypatch.setenv("SPECDEC_CPU_STREAMED_16BIT", "0")
-    assert cpu_streamed.compact_weight(half) is half
+    assert cpu_streamed.compact_weight(tiny).values.dtype == torch.bfloat16
+    blocks = q8_0_weight(64, 64)
+    assert cpu_streamed.compact_weight(blocks).values.dtype == torch.int8
+    for exact in (half, wide, blocks):
+        almost = exact.clone()
+        almost[17, 3] = torch.nextafter(almost[17, 3], torch.tensor(1e30))  # one value off, past the probe rows
+        assert cpu_streamed.compact_weight(almost).values is almost
+        assert torch.equal(widened(cpu_streamed.compact_weight(exact)), exact)
+    monkeypatch.setenv("SPECDEC_CPU_STREAMED_COMPACT", "0")
+    for exact in (half, blocks):
+        assert cpu_streamed.compact_weight(exact).values is exact
+
+
+def q8_0_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight as GGUF's Q8_0 blocks dequantize to, through the gguf package
+    (its quantizer and dequantizer, as tools/convert_gguf.py reads a GGUF)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
+    values[0, :32] = 0.0  # an all-zero block
+    packed = quantize(values, GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q8_0).copy()).float().reshape(rows, cols)
+
+
+def widened(weight: cpu_streamed.KernelWeight) -> torch.Tensor:
+    """The float32 values a compact weight stands for."""
+    if weight.scales is None:
+        return weight.values.float()
+    rows, cols = weight.values.shape
+    blocks = weight.values.float().view(rows, -1, cpu_streamed.INT8_BLOCK) * weight.scales[..., None]
+    return blocks.view(rows, cols)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("shape", [(576, 960), (64, 33), (32, 1)])
+def test_int8_blocks_give_the_float32_weights_results_bit_for_bit(kernel, rows, shape):
+    """A Q8_0-dequantized weight read as int8 blocks: exactly its values, and the kernel's
+    results on it equal its results on the float32 weight, bit for bit."""
+    in_features, out_features = shape
+    w = q8_0_weight(out_features, in_features, seed=rows)
+    compact = cpu_streamed.compact_weight(w)
+    assert compact.values.dtype == torch.int8 and compact.scales.shape == (out_features, in_features // 32)
+    assert torch.equal(widened(compact), w)
+    x, b = torch.randn(rows, in_features), torch.randn(out_features)
+    got = cpu_streamed.streamed_linear(kernel, x, compact, b)
+    assert torch.equal(got, cpu_streamed.streamed_linear(kernel, x, w, b))
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-4)  # another summation order
+
+
+def test_the_real_lm_head_is_read_as_int8_blocks():
+    """SmolLM2's LM head (its embedding, Q8_0 in the GGUF) has an exact int8 form; its
+    layers (Q4_1) have none and stay float32."""
+    from safetensors import safe_open
+    from setup_model import BASE_DIR
+    files = sorted(BASE_DIR.glob("*.safetensors"))
+    if not files:
+        pytest.skip("SmolLM2 not set up (python tools/setup_model.py)")
+    with safe_open(str(files[0]), "pt") as f:
+        head = f.get_tensor("model.embed_tokens.weight")
+        layer = f.get_tensor("model.layers.0.mlp.down_proj.weight")
+    compact = cpu_streamed.compact_weight(head)
+    assert compact.values.dtype == torch.int8 and torch.equal(widened(compact), head)
+    assert cpu_streamed.compact_weight(layer).values.dtype == torch.float32
 
 
 def test_eligible_weights():
@@ -242,7 +311,7 @@ def test_calls_read_a_16bit_copy_of_an_exact_weight(kernel, monkeypatch):
     real = cpu_streamed.streamed_linear
 
     def spy(k, x, w, b):
-        read.append((x.shape[-1], w.dtype, w.data_ptr()))
+        read.append((x.shape[-1], w.values.dtype, w.values.data_ptr()))
         return real(k, x, w, b)
     monkeypatch.setattr(cpu_streamed, "streamed_linear", spy)
     cpu_linear.route(layers, RowRouting(frozenset(), streamed_rows=frozenset({2, 4})))
@@ -254,8 +323,8 @@ def test_calls_read_a_16bit_copy_of_an_exact_weight(kernel, monkeypatch):
             assert torch.equal(model(x), real(kernel, h, *reference[1]))
     assert [(k, d) for k, d, _ in read] == [(64, torch.float16), (64, torch.float16), (96, torch.float32)] * 2
     assert len({p for k, _, p in read if k == 64}) == 1  # one copy, made at the first call
-    assert layers[0]._streamed_weight.dtype == torch.float16
-    assert layers[1]._streamed_weight.data_ptr() == layers[1].weight.data_ptr()  # the weight itself, no copy
+    assert layers[0]._streamed_weight.values.dtype == torch.float16
+    assert layers[1]._streamed_weight.values.data_ptr() == layers[1].weight.data_ptr()  # the weight itself, no copy
     cpu_linear.route(layers, RowRouting(frozenset()))  # the kernel at no row count: copies dropped
     assert all(m._streamed_weight is None for m in layers)
 

@@ -37,6 +37,8 @@ def timings(monkeypatch) -> list[int]:
             return (10.0, 5.0, 9.9, 9.0)
         return (10.0, 9.8, 7.0 if rows == 4 else 9.9, 8.0 if rows == 6 else float("inf"))
     monkeypatch.setattr(cpu_linear, "_time_paths", time_paths)
+    # a saved routing's one-row path re-timed at load: as fast as the copy-free one (it holds)
+    monkeypatch.setattr(cpu_linear, "time_routed", lambda layers, rows, repeats: (10.0, 10.0))
     return timed
 
 
@@ -103,6 +105,65 @@ def test_a_bad_file_is_measured_over(tmp_path, timings, damage, caplog):
     assert json.loads(saved.read_text())["onednn_rows"] == sorted(routing.onednn_rows)  # written again
 
 
+@pytest.mark.parametrize("routed_ms,copy_free_ms,measured_again", [
+    (12.4, 10.0, False), (12.6, 10.0, True), (40.0, 10.0, True), (8.0, 10.0, False),
+    (1.9, 1.0, False)])  # 90 % slower, but by less than STALE_MIN_MS: a tiny model's noise
+def test_a_saved_routing_slower_at_one_row_than_a_copy_free_path_is_measured_again(
+        tmp_path, timings, monkeypatch, caplog, routed_ms, copy_free_ms, measured_again):
+    """At each later load the saved routing's path for one row is timed against the
+    copy-free paths: more than STALE_MARGIN (25 %) and STALE_MIN_MS (1 ms) slower, and the
+    routing is measured again and saved over; otherwise (or faster, as a copy that was
+    worth making is) the saved one stands."""
+    first, _ = cached_row_paths(model(), tmp_path)
+    [saved] = tmp_path.glob("row-routing-*.json")
+    rechecked = []
+
+    def time_routed(layers, rows, repeats):
+        rechecked.append((len(layers), rows))
+        return routed_ms, copy_free_ms
+    monkeypatch.setattr(cpu_linear, "time_routed", time_routed)
+    saved.write_text(json.dumps({**json.loads(saved.read_text()), "onednn_rows": []}))  # as a busy load saved it
+    timings.clear()
+    layers = model()
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        routing, source = cached_row_paths(layers, tmp_path)
+    assert rechecked == [(2, 1)]  # both layers, one row
+    if measured_again:
+        assert source == "measured at load" and timings == list(ROW_LADDER) and routing == first
+        assert json.loads(saved.read_text())["onednn_rows"] == sorted(first.onednn_rows)  # saved over
+        assert "measuring again" in caplog.text
+    else:
+        assert source == "measured at an earlier load" and timings == [] and not routing.onednn_rows
+    assert all(m.routing == routing for m in layers)
+
+
+def test_time_routed_times_the_routing_and_the_copy_free_paths(monkeypatch):
+    """The re-check's timing calls the layers themselves (the same per-call cost on
+    every path), through their routing (here a 4-row MKL pack for one row, made in its
+    untimed pass), then through F.linear and the streamed kernel; the routing is theirs
+    again after, with no compact copy left where it does not take the kernel."""
+    if not cpu_linear.mkl_packs_allowed():
+        pytest.skip("this torch build has no MKL packed gemm")
+    layers = model()
+    routing = cpu_linear.RowRouting(frozenset(), packs=((1, 4),))
+    cpu_linear.route(layers, routing)
+    seen = []
+    real = cpu_linear.PackedCpuLinear.forward
+
+    def spy(self, x):
+        seen.append((self.routing.pack_rows(1), self.routing.streamed(1), self._streamed is not None))
+        return real(self, x)
+    monkeypatch.setattr(cpu_linear.PackedCpuLinear, "forward", spy)
+    routed_ms, copy_free_ms = cpu_linear.time_routed(cpu_linear._called(layers), 1, repeats=1)
+    assert 0 < routed_ms < 1e3 and 0 < copy_free_ms < 1e3
+    paths = {(4, False, False), (None, False, False)}  # the pack, F.linear
+    if cpu_linear.streamed_kernel_for(layers) is not None:
+        paths.add((None, True, True))
+    assert set(seen) == paths and len(seen) == 2 * 2 * len(paths)  # 2 layers, 2 passes, each path
+    assert all(set(m._mkl_packs) == {4} for m in layers)  # the routed path ran
+    assert all(m.routing is routing and m._streamed is None and m._streamed_weight is None for m in layers)
+
+
 def test_cache_off_or_unwritable_still_routes(tmp_path, timings, caplog):
     routing, source = cached_row_paths(model(), None)
     assert source == "measured at load" and routing.onednn_rows
@@ -140,11 +201,11 @@ def test_fingerprint_names_the_streamed_kernel_it_could_time(monkeypatch):
     assert odd["streamed"] is None and routing_cache.fingerprint(model(width=72))["streamed"] is None
 
 
-def test_fingerprint_says_whether_the_kernel_reads_16bit_copies(monkeypatch):
-    """Timings taken with 16-bit copies of exact weights (a drafter's) are not read back by a
-    load that keeps every weight in float32 (SPECDEC_CPU_STREAMED_16BIT=0), nor the other way."""
+def test_fingerprint_says_whether_the_kernel_reads_compact_copies(monkeypatch):
+    """Timings taken with compact copies of exact weights are not read back by a load that
+    keeps every weight in float32 (SPECDEC_CPU_STREAMED_COMPACT=0), nor the other way."""
     compact = routing_cache.fingerprint(model())
-    monkeypatch.setenv("SPECDEC_CPU_STREAMED_16BIT", "0")
+    monkeypatch.setenv("SPECDEC_CPU_STREAMED_COMPACT", "0")
     float32_only = routing_cache.fingerprint(model())
-    assert compact["streamed_16bit"] is True and float32_only["streamed_16bit"] is False
+    assert compact["streamed_compact"] is True and float32_only["streamed_compact"] is False
     assert compact != float32_only

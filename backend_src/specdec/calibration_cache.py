@@ -149,11 +149,13 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "engine_source": _source_digest(),
         "dtype": config.dtype,
         "packed_linears": engine.packed_linears,  # oneDNN and MKL packs on or off (SPECDEC_CPU_ONEDNN)
-        # the row counts whose target matmuls take oneDNN or an MKL pack, as measured at this load
+        # the row counts whose target matmuls (its decoder layers', then its LM head's) take oneDNN, an
+        # MKL pack or the streamed kernel, as measured at this load
         "onednn_rows": None if engine.row_routing is None else sorted(engine.row_routing.onednn_rows),
         "mkl_packs": None if engine.row_routing is None else [list(p) for p in engine.row_routing.packs],
         "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
-        "streamed_16bit": cpu_streamed.compact_wanted(),  # drafters' exact weights read as 16-bit copies
+        "streamed_compact": cpu_streamed.compact_wanted(),  # exact weights read as compact copies
+        "lm_head_routing": None if engine.head_routing is None else engine.head_routing.describe(),
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
         "config": {name: getattr(config, name) for name in CONFIG_FIELDS},

@@ -187,20 +187,26 @@ class Engine:
         # float32 CPU: matmuls through oneDNN, MKL packs or the streamed kernel where they measure faster
         # (models/cpu_linear.py)
         self.packed_linears = 0
-        self.row_routing: Optional[RowRouting] = None  # the target's
+        self.row_routing: Optional[RowRouting] = None  # the target's decoder layers'
+        self.head_routing: Optional[RowRouting] = None  # the target's LM head's
         self.row_routing_source = ""  # where it came from (routing_cache.py)
         if self.device.type == "cpu" and dtype == torch.float32:
-            modules = [self.target] + [m for d in {id(d): d for d in loaded.drafters.values()}.values()
-                                       for m in vars(d).values() if isinstance(m, torch.nn.Module)]
-            self.packed_linears = sum(use_packed_cpu_linears(m) for m in modules)
+            drafter_modules = [m for d in {id(d): d for d in loaded.drafters.values()}.values()
+                               for m in vars(d).values() if isinstance(m, torch.nn.Module)]
+            self.packed_linears = sum(use_packed_cpu_linears(m) for m in [self.target] + drafter_modules)
+            # The LM head is routed on its own: it may have an exact compact form (SmolLM2's, from GGUF's
+            # Q8_0 blocks, is int8) that makes the streamed kernel its fastest path where the layers' is another.
+            groups = [self.target.model, self.target.lm_head] + drafter_modules
             routed: set[int] = set()  # a drafter holding the target's modules leaves their routing alone
             routing_dir = routing_cache_dir(config.calibration_cache_dir)
-            for i, m in enumerate(modules):
+            for i, m in enumerate(groups):
                 layers = [lin for lin in packed_layers(m) if id(lin) not in routed]
                 routing, source = cached_row_paths(layers, routing_dir)
                 routed |= {id(lin) for lin in layers}
                 if i == 0:
                     self.row_routing, self.row_routing_source = routing, source
+                elif i == 1:
+                    self.head_routing = routing
         cached = [d for d in {id(d): d for d in loaded.drafters.values()}.values() if hasattr(d, "allocate")]
         positions = self.max_context + 1
         # The target's slots carry MAX_TREE spare positions past the context: a step pads
@@ -249,9 +255,10 @@ class Engine:
         packed = None
         if self.packed_linears:
             routing = self.row_routing.describe() if self.row_routing else "oneDNN at every row count"
+            head = self.head_routing.describe() if self.head_routing else "oneDNN at every row count"
             packed = (f"{self.packed_linears} float32 linears can take their inputs through oneDNN, MKL "
                       f"packs or the streamed kernel (the target, {self.row_routing_source or 'measured at load'}: "
-                      f"{routing})")
+                      f"{routing}; its LM head: {head})")
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), attention, host_memory, graphs,
                                                  packed, describe(self.policy)]))
 

@@ -11,8 +11,9 @@ So the first routing measured for a list of layer shapes on this CPU model, thre
 count, torch version and `cpu_linear.py` is written to
 `<calibration cache folder>/row-routing-<hash>.json`, and later loads with the same
 fingerprint take it from there. Deleting the file measures again. A missing, corrupt or
-mismatching file is measured and written again; a failed write is a warning, never a
-failed load. With the calibration cache off (`calibration_cache_dir: off`), every load
+mismatching file is measured and written again, and so is a routing whose path for one
+row no longer holds at this load (`_still_holds`: about 0.3 s for the target); a failed
+write is a warning, never a failed load. With the calibration cache off (`calibration_cache_dir: off`), every load
 measures.
 
 This module decides when to measure, not how (`cpu_linear.py`).
@@ -33,6 +34,9 @@ from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, la
 
 LOG = logging.getLogger("specdec")
 FORMAT = 3  # of the file; bump when it changes shape
+RECHECKED_ROWS = 1  # the row count a saved routing is timed again at, at each load (`_still_holds`)
+STALE_MARGIN = 0.25  # a saved routing's path that much slower there than the copy-free one is measured again,
+STALE_MIN_MS = 1.0  # if also this much slower (a small model's timings are noise at this scale)
 
 
 def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -> tuple[Optional[RowRouting], str]:
@@ -50,7 +54,8 @@ def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -
     stored = _read(path, fp)
     if stored is not None:
         route(layers, stored)
-        return stored, "measured at an earlier load"
+        if _still_holds(layers, stored, path):
+            return stored, "measured at an earlier load"
     routing = choose_row_paths(layers)
     if routing is not None:
         write_atomically(path, json.dumps({"fingerprint": fp, "onednn_rows": sorted(routing.onednn_rows),
@@ -59,6 +64,22 @@ def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -
                                            "timings_ms": [list(t) for t in routing.timings_ms]}, indent=1),
                          "matmul routing cache")
     return routing, "measured at load"
+
+
+def _still_holds(layers: list[PackedCpuLinear], routing: RowRouting, path: Path) -> bool:
+    """Whether a saved routing (already applied to `layers`) is still right where it
+    matters most: one row, what plain decoding at batch 1 pays at every step. Its path
+    there is timed against the faster path without a copy (`cpu_linear.time_routed`);
+    more than `STALE_MARGIN` and `STALE_MIN_MS` slower means the routing was measured on a
+    busy machine (one saved while a test ran beside the load routed one row to a 4-row MKL
+    pack, padded, and plain decoding ran about a quarter slower at every later load), so
+    it is measured again. Other load slows both paths alike, which leaves the check as it is."""
+    routed_ms, copy_free_ms = cpu_linear.time_routed(cpu_linear._called(layers), RECHECKED_ROWS, repeats=2)
+    if routed_ms <= copy_free_ms * (1 + STALE_MARGIN) or routed_ms - copy_free_ms <= STALE_MIN_MS:
+        return True
+    LOG.warning("matmul routing cache %s: its path for %d row took %.1f ms against %.1f ms without a copy at "
+                "this load; measuring again", path, RECHECKED_ROWS, routed_ms, copy_free_ms)
+    return False
 
 
 def routing_cache_dir(setting: str) -> Optional[Path]:
@@ -74,13 +95,13 @@ def routing_cache_dir(setting: str) -> Optional[Path]:
 def fingerprint(layers: list[PackedCpuLinear]) -> dict:
     """What the routing depends on: the CPU, its threads, torch, how routing measures
     (`cpu_linear.py`'s source), how many MKL packs it may keep, the streamed kernel (its
-    build, or none, and whether it reads 16-bit copies of exact weights) and the shapes
+    build, or none, and whether it reads compact copies of exact weights) and the shapes
     of the layers a forward calls."""
     source = Path(cpu_linear.__file__).read_bytes()
     kernel = cpu_linear.streamed_kernel_for(cpu_linear._called(layers))
     return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "mkl_packs": cpu_linear.mkl_packs_allowed(),
-            "streamed": None if kernel is None else kernel.__name__, "streamed_16bit": cpu_streamed.compact_wanted(),
+            "streamed": None if kernel is None else kernel.__name__, "streamed_compact": cpu_streamed.compact_wanted(),
             "layers": layer_shapes(layers)}
 
 

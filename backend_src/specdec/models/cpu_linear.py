@@ -183,7 +183,7 @@ class PackedCpuLinear(nn.Linear):
     _mkl_packs: dict[int, torch.Tensor]  # row count -> MKL's packed copy of the weight
     _streamable: bool  # the streamed kernel takes this weight as it is (cpu_streamed.eligible)
     _streamed: Optional[Any]  # the streamed kernel, set by `route` where the routing uses it and it takes the weight
-    _streamed_weight: Optional[torch.Tensor]  # what the kernel reads: cpu_streamed.compact_weight, made at first use
+    _streamed_weight: Optional[cpu_streamed.KernelWeight]  # what the kernel reads (compact_weight), made at first use
     routing: RowRouting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,10 +199,11 @@ class PackedCpuLinear(nn.Linear):
             return cpu_streamed.streamed_linear(self._streamed, x, self._kernel_weight(), self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    def _kernel_weight(self) -> torch.Tensor:
-        """The weight the streamed kernel reads: a 16-bit copy where the weight is exact in
-        16 bits (a drafter's), else the weight itself; made at the first call, so only
-        modules that take the kernel pay its memory."""
+    def _kernel_weight(self) -> cpu_streamed.KernelWeight:
+        """What the streamed kernel reads: an exact compact copy of the weight where it has
+        one (int8 blocks, float16 or bfloat16: `cpu_streamed.compact_weight`), else the
+        weight itself; made at the first call, so only modules that take the kernel pay
+        its memory."""
         if self._streamed_weight is None:
             self._streamed_weight = cpu_streamed.compact_weight(self.weight.detach())
         return self._streamed_weight
@@ -324,7 +325,7 @@ def route(layers: list[PackedCpuLinear], routing: RowRouting) -> None:
         m.routing = routing
         m._streamed = kernel if m._streamable else None
         if m._streamed is None:
-            m._streamed_weight = None  # a 16-bit copy the timing made, which no call reads
+            m._streamed_weight = None  # a compact copy the timing made, which no call reads
         if not routing.onednn_rows:
             m._packed = None
         m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in sizes}
@@ -344,6 +345,41 @@ def _called(layers: list[PackedCpuLinear]) -> list[PackedCpuLinear]:
         key = m.weight.untyped_storage().data_ptr()
         largest[key] = max(largest.get(key, 0), m.weight.numel())
     return [m for m in layers if m.weight.numel() == largest[m.weight.untyped_storage().data_ptr()]]
+
+
+def time_routed(layers: list[PackedCpuLinear], rows: int, repeats: int) -> tuple[float, float]:
+    """Milliseconds of one pass over `layers` (those a forward calls, `_called`) with
+    `rows`-row inputs: through the routing they have (a pack it needs is made in the
+    untimed pass), and through the faster of the two paths that need no copy (`F.linear`,
+    and the streamed kernel where it takes them); the fastest of `repeats` passes each
+    after an untimed one, taking turns. Every path is timed through the layers' own calls,
+    so each pays the same per-call cost. The layers keep their routing after. What
+    `routing_cache` checks a saved routing with."""
+    inputs = [torch.randn(rows, m.in_features) for m in layers]  # [rows, in] each
+    kernel = streamed_kernel_for(layers)
+    own = [(m.routing, m._streamed) for m in layers]
+    copy_free = [RowRouting(frozenset())]  # F.linear at every row count
+    if kernel is not None:
+        copy_free.append(RowRouting(frozenset(), streamed_rows=frozenset(ROW_LADDER)))
+    best = [float("inf")] * (1 + len(copy_free))
+    try:
+        with torch.inference_mode():
+            for attempt in range(max(1, repeats) + 1):
+                for k, routing in enumerate([None] + copy_free):
+                    for m, (routed, routed_kernel) in zip(layers, own):
+                        m.routing, m._streamed = ((routed, routed_kernel) if routing is None else
+                                                  (routing, kernel if routing.streamed_rows else None))
+                    t0 = time.perf_counter()
+                    for m, x in zip(layers, inputs):
+                        m(x)
+                    if attempt > 0:  # the first pass of each makes packs and warms caches
+                        best[k] = min(best[k], time.perf_counter() - t0)
+    finally:
+        for m, (routed, routed_kernel) in zip(layers, own):
+            m.routing, m._streamed = routed, routed_kernel
+            if routed_kernel is None:
+                m._streamed_weight = None  # a compact copy only the timing read
+    return best[0] * 1e3, min(best[1:]) * 1e3
 
 
 def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: bool = True,

@@ -23,13 +23,14 @@ routing keeps to the other three paths. `SPECDEC_CPU_STREAMED=0` never builds it
 Its torch twin is `F.linear`: results equal it up to float32 rounding (another summation
 order). A row's result does not depend on the rows beside it in a call.
 
-Drafters' checkpoints hold their weights in 16 bits (float16 here, bfloat16 upstream), which
-the engine serves as float32 on a CPU. `compact_weight` gives the kernel a float16 or
-bfloat16 copy of such a weight when every value survives the round trip exactly: the
-kernel widens each weight as it loads it, so its results equal its results on the float32
-weight bit for bit, for half the memory read (a drafter's decode-time calls are bound by
-memory as the target's are). A weight that is not exact in 16 bits (the target's, from
-GGUF blocks) is used as it is. `SPECDEC_CPU_STREAMED_16BIT=0` keeps every weight in float32.
+Where a weight's float32 values allow it exactly, `compact_weight` gives the kernel a
+smaller copy: int8 in blocks of 32 with a float32 scale each (the target's LM head, which
+GGUF's Q8_0 blocks dequantize to: 1.125 bytes a weight instead of 4), or float16 or
+bfloat16 (drafters' checkpoints hold their weights in 16 bits, which the engine serves as
+float32 on a CPU). The kernel widens each weight as it loads it, so its results equal its
+results on the float32 weight bit for bit, for fewer bytes read (decode-time calls are
+bound by memory). A weight with no exact compact form (the target's layers, from GGUF's
+Q4_1 blocks) is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0` keeps every weight in float32.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import os
 import platform
 import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,6 +54,9 @@ LOG = logging.getLogger("specdec")
 SOURCE_NAME = "cpu_streamed_linear.cpp"
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")  # -fopenmp: at::parallel_for threads
 LANES = 16  # the kernel's inner dimension must be a multiple of this
+INT8_BLOCK = 32  # int8 weights per scale along the inner dimension (GGUF's Q8_0 blocks)
+PROBE_ROWS = 8  # rows `compact_weight` tries before a whole weight
+CHUNK_ROWS = 4096  # rows `int8_blocks` checks at a time (bounds its temporaries)
 
 _lock = threading.Lock()
 _kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
@@ -74,22 +79,63 @@ def streamed_kernel() -> Optional[Any]:
 
 
 def compact_wanted() -> bool:
-    """16-bit copies of exact weights may be made (SPECDEC_CPU_STREAMED_16BIT is not 0)."""
-    return os.environ.get("SPECDEC_CPU_STREAMED_16BIT", "auto") != "0"
+    """Compact copies of exact weights may be made (SPECDEC_CPU_STREAMED_COMPACT is not 0)."""
+    return os.environ.get("SPECDEC_CPU_STREAMED_COMPACT", "auto") != "0"
 
 
-def compact_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight the kernel reads for `weight` (float32, `eligible`): a float16 copy
-    when every value is exact in float16, else a bfloat16 copy when exact in bfloat16,
-    else `weight` itself (also when `compact_wanted()` is false). Half the bytes, the
-    same values, so the same results."""
+@dataclass(frozen=True)
+class KernelWeight:
+    """What the kernel reads for a float32 weight [N, K]: its values as they are, or an
+    exact compact copy (`compact_weight`): float16 or bfloat16 [N, K], or int8 [N, K] with
+    `scales` [N, K / INT8_BLOCK] float32 (value = int8 * its block's scale)."""
+
+    values: torch.Tensor
+    scales: Optional[torch.Tensor] = None
+
+
+def compact_weight(weight: torch.Tensor) -> KernelWeight:
+    """What the kernel reads for `weight` (float32, `eligible`), the smallest exact form:
+    int8 in blocks (`int8_blocks`), else a float16 copy, else a bfloat16 copy, where every
+    value survives exactly; else `weight` itself (also when `compact_wanted()` is false).
+    The same values, so the same results, for fewer bytes read. A few rows are tried
+    first, so that a weight with no exact form (the target's Q4_1 layers) costs little."""
     if not compact_wanted():
-        return weight
+        return KernelWeight(weight)
+    probe = weight[:PROBE_ROWS]
+    blocks = int8_blocks(probe) is not None and int8_blocks(weight)
+    if blocks:
+        return KernelWeight(*blocks)
     for dtype in (torch.float16, torch.bfloat16):
+        if not torch.equal(probe.to(dtype).float(), probe):
+            continue
         copy = weight.to(dtype)
         if torch.equal(copy.float(), weight):  # every value exact (an overflow to inf or a NaN is not equal)
-            return copy.contiguous()
-    return weight
+            return KernelWeight(copy.contiguous())
+    return KernelWeight(weight)
+
+
+def int8_blocks(weight: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(values int8 [N, K], scales float32 [N, K / INT8_BLOCK]) with values * scale equal
+    to `weight` [N, K] bit for bit, or None. GGUF's Q8_0 blocks (32 int8 along k times a
+    float16 scale, the form of SmolLM2's embedding, which is also its LM head) dequantize
+    to such weights: the block's largest magnitude is 127 times its scale, so dividing it
+    by 127 gives the scale back exactly. Checked over every value, a chunk of rows at a time."""
+    N, K = weight.shape
+    if K % INT8_BLOCK:
+        return None
+    values = torch.empty(N, K, dtype=torch.int8)
+    scales = torch.empty(N, K // INT8_BLOCK)
+    for start in range(0, N, CHUNK_ROWS):
+        w = weight[start: start + CHUNK_ROWS].reshape(-1, K // INT8_BLOCK, INT8_BLOCK)  # [n, blocks, 32]
+        top = w.abs().amax(dim=-1)  # [n, blocks]
+        scale = torch.where(top > 0, top / 127, torch.ones_like(top))  # an all-zero block: scale 1, values 0
+        q = w / scale[..., None]
+        rounded = q.round()
+        if not (torch.equal(q, rounded) and torch.equal(rounded * scale[..., None], w)):
+            return None
+        values[start: start + CHUNK_ROWS] = rounded.reshape(-1, K).to(torch.int8)  # |q| <= 127 by the scale
+        scales[start: start + CHUNK_ROWS] = scale
+    return values, scales
 
 
 def eligible(weight: torch.Tensor) -> bool:
@@ -99,12 +145,16 @@ def eligible(weight: torch.Tensor) -> bool:
             and weight.is_contiguous() and weight.shape[1] % LANES == 0)
 
 
-def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [..., K] @ weight.T + bias through `kernel` (weight `eligible`, or its
-    `compact_weight`): [..., N]."""
-    flat = x.reshape(-1, weight.shape[1]).contiguous()  # [rows, K]
-    out = kernel.streamed_linear(flat, weight, bias)  # [rows, N]
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor | KernelWeight,
+                    bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [..., K] @ weight.T + bias through `kernel` (weight `eligible`, or what
+    `compact_weight` made of one): [..., N]."""
+    if isinstance(weight, torch.Tensor):
+        weight = KernelWeight(weight)
+    N, K = weight.values.shape
+    flat = x.reshape(-1, K).contiguous()  # [rows, K]
+    out = kernel.streamed_linear(flat, weight.values, bias, weight.scales)  # [rows, N]
+    return out.reshape(*x.shape[:-1], N)
 
 
 def twin(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
