@@ -13,8 +13,8 @@ count, torch version and `cpu_linear.py` is written to
 fingerprint take it from there. Deleting the file measures again. A missing, corrupt or
 mismatching file is measured and written again, and so is a routing whose path for one
 row no longer holds at this load (`_still_holds`: about 0.3 s for the target); a failed
-write is a warning, never a failed load. With the calibration cache off (`calibration_cache_dir: off`), every load
-measures.
+write is a warning, never a failed load. With the calibration cache off
+(`calibration_cache_dir: off`), every load measures.
 
 This module decides when to measure, not how (`cpu_linear.py`).
 """
@@ -35,8 +35,8 @@ from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, la
 LOG = logging.getLogger("specdec")
 FORMAT = 3  # of the file; bump when it changes shape
 RECHECKED_ROWS = 1  # the row count a saved routing is timed again at, at each load (`_still_holds`)
-STALE_MARGIN = 0.25  # a saved routing's path that much slower there than the copy-free one is measured again,
-STALE_MIN_MS = 1.0  # if also this much slower (a small model's timings are noise at this scale)
+STALE_MARGIN = 0.25  # a saved routing's path this much slower there than the copy-free one: measured again,
+STALE_MIN_MS = 1.0  # if it is also this many ms slower (a small model's timings are noise at that scale)
 
 
 def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -> tuple[Optional[RowRouting], str]:
