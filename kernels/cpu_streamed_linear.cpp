@@ -49,6 +49,16 @@ typedef uint16_t bits16x16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t bits32x16 __attribute__((vector_size(64)));
 typedef int8_t bytes16 __attribute__((vector_size(16), aligned(1)));
 
+#if !defined(__AVX512F__) && (defined(__F16C__) || defined(__AVX2__))
+// Two 8-lane halves as one 16-lane vector (the AVX2 and F16C conversions give 8 lanes).
+inline lanes16 join_halves(__m256 low, __m256 high) {
+  lanes16 out;
+  std::memcpy(&out, &low, sizeof(low));
+  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(low), &high, sizeof(high));
+  return out;
+}
+#endif
+
 // A weight matrix as the kernel reads it: `load(n, k)` gives weights [n, k, k + 16) as
 // float32 (exact for every type), `address(n, k)` where they sit (for prefetching).
 struct Float32Rows {
@@ -70,10 +80,7 @@ struct Float16Rows {
 #elif defined(__F16C__)
     const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256 high = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-    lanes16 out;
-    std::memcpy(&out, &low, sizeof(low));
-    std::memcpy(reinterpret_cast<char*>(&out) + sizeof(low), &high, sizeof(high));
-    return out;
+    return join_halves(low, high);
 #else
     return __builtin_convertvector(*reinterpret_cast<const halves16*>(p), lanes16);
 #endif
@@ -112,9 +119,7 @@ struct Int8BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32]: an exact produ
     const __m256 low = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
     const __m256 high =
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
-    lanes16 values;
-    std::memcpy(&values, &low, sizeof(low));
-    std::memcpy(reinterpret_cast<char*>(&values) + sizeof(low), &high, sizeof(high));
+    const lanes16 values = join_halves(low, high);
 #else
     const lanes16 values = __builtin_convertvector(*reinterpret_cast<const bytes16*>(p), lanes16);
 #endif

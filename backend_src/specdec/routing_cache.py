@@ -54,7 +54,7 @@ def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -
     stored = _read(path, fp)
     if stored is not None:
         route(layers, stored)
-        if _still_holds(layers, stored, path):
+        if _still_holds(layers, path):
             return stored, "measured at an earlier load"
     routing = choose_row_paths(layers)
     if routing is not None:
@@ -66,7 +66,7 @@ def cached_row_paths(layers: list[PackedCpuLinear], directory: Optional[Path]) -
     return routing, "measured at load"
 
 
-def _still_holds(layers: list[PackedCpuLinear], routing: RowRouting, path: Path) -> bool:
+def _still_holds(layers: list[PackedCpuLinear], path: Path) -> bool:
     """Whether a saved routing (already applied to `layers`) is still right where it
     matters most: one row, what plain decoding at batch 1 pays at every step. Its path
     there is timed against the faster path without a copy (`cpu_linear.time_routed`);

@@ -60,7 +60,7 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -361,25 +361,45 @@ def time_routed(layers: list[PackedCpuLinear], rows: int, repeats: int) -> tuple
     copy_free = [RowRouting(frozenset())]  # F.linear at every row count
     if kernel is not None:
         copy_free.append(RowRouting(frozenset(), streamed_rows=frozenset(ROW_LADDER)))
-    best = [float("inf")] * (1 + len(copy_free))
+    routings = [None] + copy_free  # None: the layers' own
+
+    def take(k: int) -> None:
+        for m, (routed, routed_kernel) in zip(layers, own):
+            m.routing, m._streamed = ((routed, routed_kernel) if routings[k] is None else
+                                      (routings[k], kernel if routings[k].streamed_rows else None))
+
+    def run() -> None:
+        for m, x in zip(layers, inputs):
+            m(x)
     try:
         with torch.inference_mode():
-            for attempt in range(max(1, repeats) + 1):
-                for k, routing in enumerate([None] + copy_free):
-                    for m, (routed, routed_kernel) in zip(layers, own):
-                        m.routing, m._streamed = ((routed, routed_kernel) if routing is None else
-                                                  (routing, kernel if routing.streamed_rows else None))
-                    t0 = time.perf_counter()
-                    for m, x in zip(layers, inputs):
-                        m(x)
-                    if attempt > 0:  # the first pass of each makes packs and warms caches
-                        best[k] = min(best[k], time.perf_counter() - t0)
+            best = _fastest_passes([run] * len(routings), repeats, before=take)
     finally:
-        for m, (routed, routed_kernel) in zip(layers, own):
-            m.routing, m._streamed = routed, routed_kernel
+        take(0)
+        for m, (_, routed_kernel) in zip(layers, own):
             if routed_kernel is None:
                 m._streamed_weight = None  # a compact copy only the timing read
     return best[0] * 1e3, min(best[1:]) * 1e3
+
+
+def _fastest_passes(paths: list[Optional[Callable[[], Any]]], repeats: int,
+                    before: Optional[Callable[[int], None]] = None) -> list[float]:
+    """Seconds of the fastest of `repeats` timed passes of each path (None: not timed,
+    inf), after an untimed first pass of each (it makes packs and warms caches); the
+    paths take turns, so that other work on the machine slows them alike rather than one.
+    `before(k)`, when given, runs untimed before each pass of path k."""
+    best = [float("inf")] * len(paths)
+    for attempt in range(max(1, repeats) + 1):
+        for k, run in enumerate(paths):
+            if run is None:
+                continue
+            if before is not None:
+                before(k)
+            t0 = time.perf_counter()
+            run()
+            if attempt > 0:
+                best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: bool = True,
@@ -397,17 +417,10 @@ def _time_paths(layers: list[PackedCpuLinear], rows: int, repeats: int, mkl: boo
     if streamed is not None:
         paths.append(lambda: [cpu_streamed.streamed_linear(streamed, x, m._kernel_weight(), m.bias)
                               for m, x in zip(layers, inputs)])
-    best = [float("inf")] * 4
+    paths += [None] * (4 - len(paths))  # no streamed kernel: not timed
     had = [set(m._mkl_packs) for m in layers]
     try:
-        for attempt in range(max(1, repeats) + 1):
-            for k, run in enumerate(paths):
-                if run is None:
-                    continue
-                t0 = time.perf_counter()
-                run()
-                if attempt > 0:  # the first pass of each packs weights and warms caches
-                    best[k] = min(best[k], time.perf_counter() - t0)
+        best = _fastest_passes(paths, repeats)
     finally:
         for m, keep in zip(layers, had):
             m._mkl_packs = {size: pack for size, pack in m._mkl_packs.items() if size in keep}

@@ -41,6 +41,7 @@ import platform
 import shutil
 import threading
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
@@ -97,26 +98,29 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
     """What the kernel reads for `weight` (float32, `eligible`), the smallest exact form:
     int8 in blocks (`int8_blocks`), else a float16 copy, else a bfloat16 copy, where every
     value survives exactly; else `weight` itself (also when `compact_wanted()` is false).
-    The same values, so the same results, for fewer bytes read. A few rows are tried
-    first, so that a weight with no exact form (the target's Q4_1 layers) costs little."""
-    if not compact_wanted():
-        return KernelWeight(weight)
-    probe = weight[:PROBE_ROWS]
-    blocks = int8_blocks(probe) is not None and int8_blocks(weight)
-    if blocks:
-        return KernelWeight(*blocks)
-    for dtype in (torch.float16, torch.bfloat16):
-        if not torch.equal(probe.to(dtype).float(), probe):
-            continue
-        copy = weight.to(dtype)
-        if torch.equal(copy.float(), weight):  # every value exact (an overflow to inf or a NaN is not equal)
-            return KernelWeight(copy.contiguous())
+    The same values, so the same results, for fewer bytes read. Each form is tried on a
+    few rows first, so that a weight with none (the target's Q4_1 layers) costs little."""
+    if compact_wanted():
+        probe = weight[:PROBE_ROWS]
+        for form in (int8_blocks, partial(_in_16_bits, dtype=torch.float16),
+                     partial(_in_16_bits, dtype=torch.bfloat16)):
+            if form(probe) is not None:
+                found = form(weight)
+                if found is not None:
+                    return found
     return KernelWeight(weight)
 
 
-def int8_blocks(weight: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """(values int8 [N, K], scales float32 [N, K / INT8_BLOCK]) with values * scale equal
-    to `weight` [N, K] bit for bit, or None. GGUF's Q8_0 blocks (32 int8 along k times a
+def _in_16_bits(weight: torch.Tensor, dtype: torch.dtype) -> Optional[KernelWeight]:
+    """A `dtype` copy of `weight` when every value is exact in it (an overflow to inf is
+    not equal), else None."""
+    copy = weight.to(dtype)
+    return KernelWeight(copy.contiguous()) if torch.equal(copy.float(), weight) else None
+
+
+def int8_blocks(weight: torch.Tensor) -> Optional[KernelWeight]:
+    """int8 values [N, K] with float32 scales [N, K / INT8_BLOCK] whose products equal
+    `weight` [N, K] bit for bit, or None. GGUF's Q8_0 blocks (32 int8 along k times a
     float16 scale, the form of SmolLM2's embedding, which is also its LM head) dequantize
     to such weights: the block's largest magnitude is 127 times its scale, so dividing it
     by 127 gives the scale back exactly. Checked over every value, a chunk of rows at a time."""
@@ -135,7 +139,7 @@ def int8_blocks(weight: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tens
             return None
         values[start: start + CHUNK_ROWS] = rounded.reshape(-1, K).to(torch.int8)  # |q| <= 127 by the scale
         scales[start: start + CHUNK_ROWS] = scale
-    return values, scales
+    return KernelWeight(values, scales)
 
 
 def eligible(weight: torch.Tensor) -> bool:
