@@ -20,17 +20,26 @@
 // - float16 or bfloat16 (a drafter's weights, which its checkpoint holds in 16 bits);
 // - int8 in blocks of 32 along k, each block with a float32 scale, w = q * scale (the
 //   target's LM head, dequantized from GGUF's Q8_0 blocks: q * scale is exact in float32).
+// - 4-bit values in blocks of 32 along k, each block with a float32 scale and offset,
+//   w = q * scale + offset with q in [0, 15] (the target's layers, dequantized from GGUF's
+//   Q4_1 blocks: q * scale is exact, so a fused multiply-add rounds as the separate
+//   product and sum did). A block's 16 bytes hold its first 16 values in their low
+//   nibbles and its last 16 in their high ones, as GGUF lays Q4_1 out.
 // Each value is widened to float32 as it is loaded, so the results equal, bit for bit,
-// the kernel's on the float32 weight, for a half or a bit over a quarter of the memory read.
+// the kernel's on the float32 weight, for a half, a bit over a quarter or under a fifth of
+// the memory read.
 //
-// Needs: x contiguous float32 and w contiguous (float32, float16, bfloat16, or int8 with
-// scales [N, K / 32] float32) on the CPU, K a multiple of 16 (32 for int8); the Python side
-// checks and falls back to F.linear.
+// Needs: x contiguous float32 and w contiguous (float32, float16, bfloat16, int8 with
+// scales [N, K / 32] float32, or uint8 [N, K / 2] with scales and offsets [N, K / 32]
+// float32) on the CPU, K a multiple of 16 (32 for int8 and 4-bit); the Python side checks
+// and falls back to F.linear.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -39,6 +48,7 @@ typedef float lanes16 __attribute__((vector_size(64), aligned(4)));  // 16 float
 constexpr int64_t PREFETCH_ROWS = 8;  // weight rows fetched ahead of the pair being used
 constexpr int64_t GRAIN_ROWS = 32;    // output features per parallel chunk, at least
 constexpr int64_t INT8_BLOCK = 32;    // int8 weights per scale, along k
+constexpr int64_t Q4_BLOCK = 32;      // 4-bit weights per scale and offset, along k
 
 inline lanes16 load16(const float* p) { return *reinterpret_cast<const lanes16*>(p); }
 
@@ -48,6 +58,7 @@ typedef _Float16 halves16 __attribute__((vector_size(32), aligned(2)));
 typedef uint16_t bits16x16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t bits32x16 __attribute__((vector_size(64)));
 typedef int8_t bytes16 __attribute__((vector_size(16), aligned(1)));
+typedef uint8_t ubytes16 __attribute__((vector_size(16), aligned(1)));
 
 #if !defined(__AVX512F__) && (defined(__F16C__) || defined(__AVX2__))
 // Two 8-lane halves as one 16-lane vector (the AVX2 and F16C conversions give 8 lanes).
@@ -62,6 +73,7 @@ inline lanes16 join_halves(__m256 low, __m256 high) {
 // A weight matrix as the kernel reads it: `load(n, k)` gives weights [n, k, k + 16) as
 // float32 (exact for every type), `address(n, k)` where they sit (for prefetching).
 struct Float32Rows {
+  static constexpr int kVectors = 1;
   const float* w;
   int64_t K;
   lanes16 load(int64_t n, int64_t k) const { return load16(w + n * K + k); }
@@ -71,6 +83,7 @@ struct Float32Rows {
 // The compiler's own vector conversion of _Float16 goes one value at a time, so the
 // CPU's conversion instructions are named where the build has them (AVX-512F, else F16C).
 struct Float16Rows {
+  static constexpr int kVectors = 1;
   const _Float16* w;
   int64_t K;
   lanes16 load(int64_t n, int64_t k) const {
@@ -89,6 +102,7 @@ struct Float16Rows {
 };
 
 struct BFloat16Rows {  // bfloat16 is a float32's upper 16 bits
+  static constexpr int kVectors = 1;
   const uint16_t* w;
   int64_t K;
   lanes16 load(int64_t n, int64_t k) const {
@@ -107,6 +121,7 @@ struct BFloat16Rows {  // bfloat16 is a float32's upper 16 bits
 // The compiler's own vector conversion of int8 goes one value at a time too, so the
 // widening instructions are named where the build has them (AVX-512F, else AVX2).
 struct Int8BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32]: an exact product
+  static constexpr int kVectors = 1;
   const int8_t* q;
   const float* scales;
   int64_t K;
@@ -128,6 +143,51 @@ struct Int8BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32]: an exact produ
   const void* address(int64_t n, int64_t k) const { return q + n * K + k; }
 };
 
+// A 4-bit block's 16 bytes hold both of its 16-value halves, so the whole block is
+// loaded at once: `load_block` gives weights [n, k, k + 32) as two vectors (k a multiple of 32).
+struct Q4BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32] + offsets[n, k / 32], q in [0, 15]
+  static constexpr int kVectors = 2;
+  const uint8_t* q;  // [N, K / 2]: a block's 16 bytes, value j in byte j's low nibble, value 16 + j in its high one
+  const float* scales;
+  const float* offsets;
+  int64_t K;
+  void load_block(int64_t n, int64_t k, lanes16* out) const {
+    const uint8_t* p = q + n * (K / 2) + k / 2;
+#if defined(__AVX512F__)
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const lanes16 low = (lanes16)_mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+    const lanes16 high = (lanes16)_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+#elif defined(__AVX2__)
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i first = _mm256_cvtepu8_epi32(raw), second = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+    const __m256i mask = _mm256_set1_epi32(15);
+    const lanes16 low = join_halves(_mm256_cvtepi32_ps(_mm256_and_si256(first, mask)),
+                                    _mm256_cvtepi32_ps(_mm256_and_si256(second, mask)));
+    const lanes16 high = join_halves(_mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)),
+                                     _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4)));
+#else
+    const bits32x16 bytes = __builtin_convertvector(*reinterpret_cast<const ubytes16*>(p), bits32x16);
+    const lanes16 low = __builtin_convertvector(bytes & 15, lanes16);
+    const lanes16 high = __builtin_convertvector(bytes >> 4, lanes16);
+#endif
+    const int64_t block = n * (K / Q4_BLOCK) + k / Q4_BLOCK;
+    const float scale = scales[block], offset = offsets[block];
+    out[0] = low * scale + offset;
+    out[1] = high * scale + offset;
+  }
+  const void* address(int64_t n, int64_t k) const { return q + n * (K / 2) + k / 2; }
+};
+
+// Weights [n, k, k + 16 * kVectors) as float32 vectors.
+template <typename Rows>
+inline void load_weights(const Rows& w, int64_t n, int64_t k, lanes16* out) {
+  if constexpr (Rows::kVectors == 1) {
+    out[0] = w.load(n, k);
+  } else {
+    w.load_block(n, k, out);
+  }
+}
+
 typedef float lanes8 __attribute__((vector_size(32)));
 typedef float lanes4 __attribute__((vector_size(16)));
 
@@ -140,75 +200,123 @@ inline float sum_lanes(lanes16 v) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// Rows [m0, m0 + MB) of x against weight rows [n, n + NB): NB * MB dot products of length
-// K. With `prefetch`, the weight rows PREFETCH_ROWS further on are fetched meanwhile.
+// Rows [m0, m0 + MB) of x against weight rows [wn, wn + NB), into outputs [yn, yn + NB):
+// NB * MB dot products of length K. With `prefetch`, the weight rows PREFETCH_ROWS further
+// on are fetched meanwhile. Each lane sums its k in order, whatever the loads' width.
 template <int MB, int NB, typename Rows>
-inline void dot_block(const float* x, const Rows& w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n,
-                      bool prefetch) {
+inline void dot_block(const float* x, const Rows& w, float* y, int64_t K, int64_t N, int64_t m0, int64_t wn,
+                      int64_t yn, bool prefetch) {
+  constexpr int V = Rows::kVectors;
   lanes16 acc[NB][MB];
   for (int j = 0; j < NB; j++)
     for (int m = 0; m < MB; m++) acc[j][m] = lanes16{};
-  for (int64_t k = 0; k < K; k += 16) {
+  for (int64_t k = 0; k < K; k += 16 * V) {
     if (prefetch) {
-      for (int j = 0; j < NB; j++) __builtin_prefetch(w.address(n + PREFETCH_ROWS + j, k));
+      for (int j = 0; j < NB; j++) __builtin_prefetch(w.address(wn + PREFETCH_ROWS + j, k));
     }
-    lanes16 wv[NB];
-    for (int j = 0; j < NB; j++) wv[j] = w.load(n + j, k);
-    for (int m = 0; m < MB; m++) {
-      const lanes16 xv = load16(x + (m0 + m) * K + k);
-      for (int j = 0; j < NB; j++) acc[j][m] += wv[j] * xv;
+    lanes16 wv[NB][V];
+    for (int j = 0; j < NB; j++) load_weights(w, wn + j, k, wv[j]);
+    for (int v = 0; v < V; v++) {
+      for (int m = 0; m < MB; m++) {
+        const lanes16 xv = load16(x + (m0 + m) * K + k + 16 * v);
+        for (int j = 0; j < NB; j++) acc[j][m] += wv[j][v] * xv;
+      }
     }
   }
   for (int j = 0; j < NB; j++)
-    for (int m = 0; m < MB; m++) y[(m0 + m) * N + n + j] = sum_lanes(acc[j][m]);
+    for (int m = 0; m < MB; m++) y[(m0 + m) * N + yn + j] = sum_lanes(acc[j][m]);
 }
 
-// Every row of x against weight rows [n, n + NB), in blocks of 8, 4, 2 and 1 rows; only
+// Every row of x against weight rows [wn, wn + NB), in blocks of 8, 4, 2 and 1 rows; only
 // the first block prefetches (the later ones find the weight rows in L1).
 template <int NB, typename Rows>
-inline void all_rows(const float* x, const Rows& w, float* y, int64_t M, int64_t K, int64_t N, int64_t n,
-                     bool prefetch) {
+inline void all_rows(const float* x, const Rows& w, float* y, int64_t M, int64_t K, int64_t N, int64_t wn,
+                     int64_t yn, bool prefetch) {
   int64_t m = 0;
-  for (; m + 8 <= M; m += 8, prefetch = false) dot_block<8, NB>(x, w, y, K, N, m, n, prefetch);
-  for (; m + 4 <= M; m += 4, prefetch = false) dot_block<4, NB>(x, w, y, K, N, m, n, prefetch);
-  for (; m + 2 <= M; m += 2, prefetch = false) dot_block<2, NB>(x, w, y, K, N, m, n, prefetch);
-  for (; m < M; m++, prefetch = false) dot_block<1, NB>(x, w, y, K, N, m, n, prefetch);
+  for (; m + 8 <= M; m += 8, prefetch = false) dot_block<8, NB>(x, w, y, K, N, m, wn, yn, prefetch);
+  for (; m + 4 <= M; m += 4, prefetch = false) dot_block<4, NB>(x, w, y, K, N, m, wn, yn, prefetch);
+  for (; m + 2 <= M; m += 2, prefetch = false) dot_block<2, NB>(x, w, y, K, N, m, wn, yn, prefetch);
+  for (; m < M; m++, prefetch = false) dot_block<1, NB>(x, w, y, K, N, m, wn, yn, prefetch);
 }
 
-// y [M, N] = x [M, K] @ w [N, K].T, output rows split over torch's threads.
+// y [M, N] = x [M, K] @ w [N, K].T, output rows split over torch's threads. A compact
+// weight met by more than one block of rows is widened once per pair of weight rows into
+// float32 (exact, so the same results) that the blocks then read from L1, instead of
+// widening it again for each block.
 template <typename Rows>
 void streamed_rows(const float* xp, const Rows& w, float* yp, int64_t M, int64_t K, int64_t N) {
+  constexpr bool compact = !std::is_same<Rows, Float32Rows>::value;
   at::parallel_for(0, N, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
-    for (; n + 2 <= end; n += 2) all_rows<2>(xp, w, yp, M, K, N, n, n + PREFETCH_ROWS + 2 <= end);
-    if (n < end) all_rows<1>(xp, w, yp, M, K, N, n, false);
+    if (compact && M > 8) {
+      std::vector<float> pair(2 * K);  // [2, K]: weight rows n and n + 1 as float32
+      const Float32Rows widened{pair.data(), K};
+      for (; n < end; n += 2) {
+        const int rows = n + 2 <= end ? 2 : 1;
+        for (int j = 0; j < rows; j++) {
+          for (int64_t k = 0; k < K; k += 16 * Rows::kVectors) {
+            if (n + PREFETCH_ROWS + j < end) __builtin_prefetch(w.address(n + PREFETCH_ROWS + j, k));
+            load_weights(w, n + j, k, reinterpret_cast<lanes16*>(pair.data() + j * K + k));
+          }
+        }
+        if (rows == 2) {
+          all_rows<2>(xp, widened, yp, M, K, N, 0, n, false);
+        } else {
+          all_rows<1>(xp, widened, yp, M, K, N, 0, n, false);
+        }
+      }
+      return;
+    }
+    for (; n + 2 <= end; n += 2) all_rows<2>(xp, w, yp, M, K, N, n, n, n + PREFETCH_ROWS + 2 <= end);
+    if (n < end) all_rows<1>(xp, w, yp, M, K, N, n, n, false);
   });
+}
+
+}  // namespace
+
+namespace {
+
+// `blocks` [N, K / 32] contiguous float32 on the CPU (a block's scales or offsets).
+void check_blocks(const torch::Tensor& blocks, int64_t N, int64_t K, const char* what) {
+  TORCH_CHECK(blocks.scalar_type() == torch::kFloat32 && blocks.is_contiguous() && blocks.device().is_cpu() &&
+              blocks.dim() == 2 && blocks.size(0) == N && blocks.size(1) == K / 32,
+              what, " [N, K / 32] contiguous float32 expected");
 }
 
 }  // namespace
 
 torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w,
                               const c10::optional<torch::Tensor>& bias,
-                              const c10::optional<torch::Tensor>& scales) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] expected");
+                              const c10::optional<torch::Tensor>& scales,
+                              const c10::optional<torch::Tensor>& offsets) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "x [M, K] and w [N, K] (or [N, K / 2] 4-bit) expected");
   const auto wtype = w.scalar_type();
+  const bool four_bit = wtype == torch::kUInt8;
+  TORCH_CHECK(x.size(1) == w.size(1) * (four_bit ? 2 : 1), "x [M, K] and w [N, K] (or [N, K / 2] 4-bit) expected");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "float32 x expected");
   TORCH_CHECK(wtype == torch::kFloat32 || wtype == torch::kFloat16 || wtype == torch::kBFloat16 ||
-              wtype == torch::kInt8, "float32, float16, bfloat16 or int8 w expected");
+              wtype == torch::kInt8 || four_bit, "float32, float16, bfloat16, int8 or uint8 (4-bit) w expected");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
               "contiguous CPU tensors expected");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % 16 == 0, "K must be a multiple of 16, got ", K);
   const bool has_scales = scales.has_value() && scales->defined();
-  TORCH_CHECK(has_scales == (wtype == torch::kInt8), "int8 w needs scales, and only int8 w takes them");
+  const bool has_offsets = offsets.has_value() && offsets->defined();
+  TORCH_CHECK(has_scales == (wtype == torch::kInt8 || four_bit),
+              "int8 and 4-bit w need scales, and only they take them");
+  TORCH_CHECK(has_offsets == four_bit, "4-bit w needs offsets, and only it takes them");
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (wtype == torch::kInt8) {
+  if (four_bit) {
+    TORCH_CHECK(K % Q4_BLOCK == 0, "4-bit w: K must be a multiple of ", Q4_BLOCK, ", got ", K);
+    check_blocks(*scales, N, K, "4-bit w: scales");
+    check_blocks(*offsets, N, K, "4-bit w: offsets");
+    streamed_rows(xp, Q4BlockRows{w.data_ptr<uint8_t>(), scales->data_ptr<float>(), offsets->data_ptr<float>(), K},
+                  yp, M, K, N);
+  } else if (wtype == torch::kInt8) {
     TORCH_CHECK(K % INT8_BLOCK == 0, "int8 w: K must be a multiple of ", INT8_BLOCK, ", got ", K);
-    TORCH_CHECK(scales->scalar_type() == torch::kFloat32 && scales->is_contiguous() && scales->device().is_cpu() &&
-                scales->dim() == 2 && scales->size(0) == N && scales->size(1) == K / INT8_BLOCK,
-                "int8 w: scales [N, K / 32] contiguous float32 expected");
+    check_blocks(*scales, N, K, "int8 w: scales");
     streamed_rows(xp, Int8BlockRows{w.data_ptr<int8_t>(), scales->data_ptr<float>(), K}, yp, M, K, N);
   } else if (wtype == torch::kFloat16) {
     streamed_rows(xp, Float16Rows{reinterpret_cast<const _Float16*>(w.data_ptr<at::Half>()), K}, yp, M, K, N);
@@ -223,6 +331,8 @@ torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("streamed_linear", &streamed_linear,
-        "x @ w.T + bias in float32, w float32, float16, bfloat16 or int8 with scales, the weight read once (CPU)",
-        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias"), pybind11::arg("scales") = pybind11::none());
+        "x @ w.T + bias in float32, w float32, float16, bfloat16, int8 with scales or 4-bit with scales and "
+        "offsets, the weight read once (CPU)",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias"), pybind11::arg("scales") = pybind11::none(),
+        pybind11::arg("offsets") = pybind11::none());
 }

@@ -90,14 +90,33 @@ def test_kernel_refuses_int8_weights_without_their_scales(kernel):
     q, scales = torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 2)
     x = torch.randn(2, 64)
     assert torch.equal(kernel.streamed_linear(x, q, None, scales), torch.zeros(2, 8))
-    with pytest.raises(RuntimeError, match="needs scales"):
+    with pytest.raises(RuntimeError, match="need scales"):
         kernel.streamed_linear(x, q, None)
-    with pytest.raises(RuntimeError, match="needs scales"):
+    with pytest.raises(RuntimeError, match="need scales"):
         kernel.streamed_linear(x, torch.randn(8, 64), None, scales)
     with pytest.raises(RuntimeError, match="scales"):
         kernel.streamed_linear(x, q, None, torch.ones(8, 3))
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernel.streamed_linear(torch.randn(2, 48), torch.zeros(8, 48, dtype=torch.int8), None, torch.ones(8, 1))
+
+
+def test_kernel_refuses_4bit_weights_without_their_scales_and_offsets(kernel):
+    q, blocks = torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 2)  # 64 inputs, two blocks a row
+    x = torch.randint(-4, 5, (2, 64)).float()  # integers: every sum exact, in any order
+    assert torch.equal(kernel.streamed_linear(x, q, None, blocks, blocks), x.sum(1, keepdim=True).expand(2, 8))
+    with pytest.raises(RuntimeError, match="need scales"):
+        kernel.streamed_linear(x, q, None)
+    with pytest.raises(RuntimeError, match="needs offsets"):
+        kernel.streamed_linear(x, q, None, blocks)
+    with pytest.raises(RuntimeError, match="needs offsets"):
+        kernel.streamed_linear(x, torch.zeros(8, 64, dtype=torch.int8), None, blocks, blocks)
+    with pytest.raises(RuntimeError, match="offsets"):
+        kernel.streamed_linear(x, q, None, blocks, torch.ones(8, 3))
+    with pytest.raises(RuntimeError, match="K / 2"):
+        kernel.streamed_linear(x, torch.zeros(8, 64, dtype=torch.uint8), None, blocks, blocks)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernel.streamed_linear(torch.randn(2, 48), torch.zeros(8, 24, dtype=torch.uint8), None, torch.ones(8, 1),
+                               torch.ones(8, 1))
 
 
 def test_kernel_refuses_what_it_cannot_take(kernel):
@@ -156,13 +175,15 @@ def test_compact_weight_only_where_exact(monkeypatch):
     assert cpu_streamed.compact_weight(tiny).values.dtype == torch.bfloat16
     blocks = q8_0_weight(64, 64)
     assert cpu_streamed.compact_weight(blocks).values.dtype == torch.int8
-    for exact in (half, wide, blocks):
+    four_bit = q4_1_weight(64, 64)
+    assert cpu_streamed.compact_weight(four_bit).values.dtype == torch.uint8
+    for exact in (half, wide, blocks, four_bit):
         almost = exact.clone()
         almost[17, 3] = torch.nextafter(almost[17, 3], torch.tensor(1e30))  # one value off, past the probe rows
         assert cpu_streamed.compact_weight(almost).values is almost
         assert torch.equal(widened(cpu_streamed.compact_weight(exact)), exact)
     monkeypatch.setenv("SPECDEC_CPU_STREAMED_COMPACT", "0")
-    for exact in (half, blocks):
+    for exact in (half, blocks, four_bit):
         assert cpu_streamed.compact_weight(exact).values is exact
 
 
@@ -172,18 +193,36 @@ def q8_0_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
     values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
-    values[0, :32] = 0.0  # an all-zero block
+    if cols > 32:
+        values[0, :32] = 0.0  # an all-zero block (not the whole row: that one is 4-bit exact)
     packed = quantize(values, GGMLQuantizationType.Q8_0)
     return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q8_0).copy()).float().reshape(rows, cols)
 
 
+def q4_1_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight as GGUF's Q4_1 blocks dequantize to, through the gguf package, with
+    a constant block and an all-zero one."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
+    values[0, :32] = 0.0
+    values[rows - 1, cols - 32:] = 0.37
+    packed = quantize(values, GGMLQuantizationType.Q4_1)
+    return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_1).copy()).float().reshape(rows, cols)
+
+
 def widened(weight: cpu_streamed.KernelWeight) -> torch.Tensor:
-    """The float32 values a compact weight stands for."""
+    """The float32 values a compact weight stands for (written out here, apart from the
+    kernel: a 4-bit block's byte j holds value j low and value 16 + j high)."""
     if weight.scales is None:
         return weight.values.float()
-    rows, cols = weight.values.shape
+    rows = weight.values.shape[0]
+    if weight.offsets is not None:
+        packed = weight.values.view(rows, -1, cpu_streamed.Q4_BLOCK // 2)  # [rows, blocks, 16]
+        q = torch.cat((packed & 15, packed >> 4), dim=-1).float()  # [rows, blocks, 32]
+        return (q * weight.scales[..., None] + weight.offsets[..., None]).view(rows, -1)
     blocks = weight.values.float().view(rows, -1, cpu_streamed.INT8_BLOCK) * weight.scales[..., None]
-    return blocks.view(rows, cols)
+    return blocks.view(rows, -1)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
@@ -202,9 +241,49 @@ def test_int8_blocks_give_the_float32_weights_results_bit_for_bit(kernel, rows, 
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-4)  # another summation order
 
 
-def test_the_real_lm_head_is_read_as_int8_blocks():
-    """SmolLM2's LM head (its embedding, Q8_0 in the GGUF) has an exact int8 form; its
-    layers (Q4_1) have none and stay float32."""
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("shape", [(576, 960), (64, 33), (32, 1)])
+def test_4bit_blocks_give_the_float32_weights_results_bit_for_bit(kernel, rows, shape):
+    """A Q4_1-dequantized weight read as 4-bit blocks: exactly its values, and the kernel's
+    results on it equal its results on the float32 weight, bit for bit."""
+    in_features, out_features = shape
+    w = q4_1_weight(out_features, in_features, seed=rows)
+    compact = cpu_streamed.compact_weight(w)
+    assert compact.values.shape == (out_features, in_features // 2) and compact.values.dtype == torch.uint8
+    assert compact.scales.shape == compact.offsets.shape == (out_features, in_features // 32)
+    assert torch.equal(widened(compact), w)
+    x, b = torch.randn(rows, in_features), torch.randn(out_features)
+    got = cpu_streamed.streamed_linear(kernel, x, compact, b)
+    assert torch.equal(got, cpu_streamed.streamed_linear(kernel, x, w, b))
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-4)  # another summation order
+
+
+def test_4bit_blocks_take_each_nibble_where_it_sits(kernel):
+    """Each of a block's 32 values alone (the others 0) comes back as itself at its own
+    input: the nibble order and the second half's shift, read by the kernel."""
+    q = torch.zeros(32, 32, dtype=torch.long)
+    q[torch.arange(32), torch.arange(32)] = torch.arange(32) % 15 + 1  # row j: value j only, 1..15
+    packed = (q[:, :16] | (q[:, 16:] << 4)).to(torch.uint8)  # [32, 16]
+    scales, offsets = torch.full((32, 1), 0.5), torch.zeros(32, 1)
+    got = kernel.streamed_linear(torch.eye(32), packed, None, scales, offsets)  # [inputs, rows]
+    assert torch.equal(got, (q.float() * 0.5).T)
+
+
+def test_q4_blocks_refuse_what_they_cannot_hold():
+    w = q4_1_weight(8, 64)
+    assert cpu_streamed.q4_blocks(w) is not None
+    assert cpu_streamed.q4_blocks(q8_0_weight(8, 64)) is None  # 255 levels a block
+    assert cpu_streamed.q4_blocks(torch.randn(8, 48)) is None  # K % 32
+    scaled = w * 3.0  # each block's step still exact in float16, but the sums round elsewhere
+    assert cpu_streamed.q4_blocks(scaled) is None or torch.equal(widened(cpu_streamed.q4_blocks(scaled)), scaled)
+    huge = w.clone()
+    huge[0, 0], huge[0, 1] = -3e38, 3e38  # a step past float16's range
+    assert cpu_streamed.q4_blocks(huge) is None
+
+
+def test_the_real_weights_are_read_as_4bit_and_int8_blocks():
+    """SmolLM2's layers (Q4_1 in the GGUF) have an exact 4-bit form, its LM head (its
+    embedding, Q8_0) an exact int8 one."""
     from safetensors import safe_open
     from setup_model import BASE_DIR
     files = sorted(BASE_DIR.glob("*.safetensors"))
@@ -215,7 +294,8 @@ def test_the_real_lm_head_is_read_as_int8_blocks():
         layer = f.get_tensor("model.layers.0.mlp.down_proj.weight")
     compact = cpu_streamed.compact_weight(head)
     assert compact.values.dtype == torch.int8 and torch.equal(widened(compact), head)
-    assert cpu_streamed.compact_weight(layer).values.dtype == torch.float32
+    compact = cpu_streamed.compact_weight(layer)
+    assert compact.values.dtype == torch.uint8 and torch.equal(widened(compact), layer)
 
 
 def test_eligible_weights():

@@ -201,7 +201,7 @@ class PackedCpuLinear(nn.Linear):
 
     def _kernel_weight(self) -> cpu_streamed.KernelWeight:
         """What the streamed kernel reads: an exact compact copy of the weight where it has
-        one (int8 blocks, float16 or bfloat16: `cpu_streamed.compact_weight`), else the
+        one (4-bit or int8 blocks, float16 or bfloat16: `cpu_streamed.compact_weight`), else the
         weight itself; made at the first call, so only modules that take the kernel pay
         its memory."""
         if self._streamed_weight is None:

@@ -24,13 +24,15 @@ Its torch twin is `F.linear`: results equal it up to float32 rounding (another s
 order). A row's result does not depend on the rows beside it in a call.
 
 Where a weight's float32 values allow it exactly, `compact_weight` gives the kernel a
-smaller copy: int8 in blocks of 32 with a float32 scale each (the target's LM head, which
-GGUF's Q8_0 blocks dequantize to: 1.125 bytes a weight instead of 4), or float16 or
-bfloat16 (drafters' checkpoints hold their weights in 16 bits, which the engine serves as
-float32 on a CPU). The kernel widens each weight as it loads it, so its results equal its
-results on the float32 weight bit for bit, for fewer bytes read (decode-time calls are
-bound by memory). A weight with no exact compact form (the target's layers, from GGUF's
-Q4_1 blocks) is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0` keeps every weight in float32.
+smaller copy: 4-bit values in blocks of 32 with a float32 scale and offset each (the
+target's decoder layers, which GGUF's Q4_1 blocks dequantize to: 0.75 bytes a weight
+instead of 4), int8 in blocks of 32 with a float32 scale each (the target's LM head, from
+GGUF's Q8_0 blocks: 1.125 bytes a weight), or float16 or bfloat16 (drafters' checkpoints
+hold their weights in 16 bits, which the engine serves as float32 on a CPU). The kernel
+widens each weight as it loads it, so its results equal its results on the float32
+weight bit for bit, for fewer bytes read (decode-time calls are bound by memory). A
+weight with no exact compact form is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0`
+keeps every weight in float32.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ SOURCE_NAME = "cpu_streamed_linear.cpp"
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")  # -fopenmp: at::parallel_for threads
 LANES = 16  # the kernel's inner dimension must be a multiple of this
 INT8_BLOCK = 32  # int8 weights per scale along the inner dimension (GGUF's Q8_0 blocks)
+Q4_BLOCK = 32  # 4-bit weights per scale and offset along the inner dimension (GGUF's Q4_1 blocks)
+Q4_LEVELS = 15  # the largest 4-bit value
 PROBE_ROWS = 8  # rows `compact_weight` tries before a whole weight
 CHUNK_ROWS = 4096  # rows `int8_blocks` checks at a time (bounds its temporaries)
 
@@ -87,22 +91,30 @@ def compact_wanted() -> bool:
 @dataclass(frozen=True)
 class KernelWeight:
     """What the kernel reads for a float32 weight [N, K]: its values as they are, or an
-    exact compact copy (`compact_weight`): float16 or bfloat16 [N, K], or int8 [N, K] with
-    `scales` [N, K / INT8_BLOCK] float32 (value = int8 * its block's scale)."""
+    exact compact copy (`compact_weight`): float16 or bfloat16 [N, K]; int8 [N, K] with
+    `scales` [N, K / INT8_BLOCK] float32 (value = int8 * its block's scale); or 4-bit
+    values packed two a byte, uint8 [N, K / 2], with `scales` and `offsets` [N, K /
+    Q4_BLOCK] float32 (value = q * scale + offset, q in [0, 15]; `q4_blocks` packs them)."""
 
     values: torch.Tensor
     scales: Optional[torch.Tensor] = None
+    offsets: Optional[torch.Tensor] = None
+
+    @property
+    def out_features(self) -> int:
+        return self.values.shape[0]
 
 
 def compact_weight(weight: torch.Tensor) -> KernelWeight:
     """What the kernel reads for `weight` (float32, `eligible`), the smallest exact form:
-    int8 in blocks (`int8_blocks`), else a float16 copy, else a bfloat16 copy, where every
-    value survives exactly; else `weight` itself (also when `compact_wanted()` is false).
-    The same values, so the same results, for fewer bytes read. Each form is tried on a
-    few rows first, so that a weight with none (the target's Q4_1 layers) costs little."""
+    4-bit blocks (`q4_blocks`), else int8 blocks (`int8_blocks`), else a float16 copy,
+    else a bfloat16 copy, where every value survives exactly; else `weight` itself (also
+    when `compact_wanted()` is false). The same values, so the same results, for fewer
+    bytes read. Each form is tried on a few rows first, so that a weight without it costs
+    little."""
     if compact_wanted():
         probe = weight[:PROBE_ROWS]
-        for form in (int8_blocks, partial(_in_16_bits, dtype=torch.float16),
+        for form in (q4_blocks, int8_blocks, partial(_in_16_bits, dtype=torch.float16),
                      partial(_in_16_bits, dtype=torch.bfloat16)):
             if form(probe) is not None:
                 found = form(weight)
@@ -142,6 +154,42 @@ def int8_blocks(weight: torch.Tensor) -> Optional[KernelWeight]:
     return KernelWeight(values, scales)
 
 
+def q4_blocks(weight: torch.Tensor) -> Optional[KernelWeight]:
+    """4-bit values packed two a byte [N, K / 2] with float32 scales and offsets [N, K /
+    Q4_BLOCK] whose `q * scale + offset` equals `weight` [N, K] bit for bit in float32, or
+    None. GGUF's Q4_1 blocks (32 values q in [0, 15] along k, a float16 scale d and offset
+    m; the form of SmolLM2's decoder layers) dequantize to fl(d * q + m), with d * q exact:
+    the block's smallest value is m (q = 0) and its largest fl(15 d + m), so d is the
+    float16 nearest (largest - smallest) / 15. Every value is checked, with d * q exact, a
+    chunk of rows at a time. A block's byte j holds value j in its low nibble and value
+    16 + j in its high one (GGUF's order)."""
+    N, K = weight.shape
+    if K % Q4_BLOCK:
+        return None
+    half = Q4_BLOCK // 2
+    values = torch.empty(N, K // 2, dtype=torch.uint8)
+    scales = torch.empty(N, K // Q4_BLOCK)
+    offsets = torch.empty(N, K // Q4_BLOCK)
+    for start in range(0, N, CHUNK_ROWS):
+        w = weight[start: start + CHUNK_ROWS].reshape(-1, K // Q4_BLOCK, Q4_BLOCK)  # [n, blocks, 32]
+        low, high = w.amin(dim=-1), w.amax(dim=-1)  # [n, blocks]
+        scale = ((high.double() - low.double()) / Q4_LEVELS).to(torch.float16).float()
+        if not torch.isfinite(scale).all():
+            return None
+        step = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant block: q = 0
+        q = ((w - low[..., None]) / step[..., None]).round().clamp(0, Q4_LEVELS)
+        product = q * scale[..., None]
+        if not (torch.equal(product.double(), q.double() * scale[..., None].double())
+                and torch.equal(product + low[..., None], w)):
+            return None
+        q = q.to(torch.uint8)
+        rows = q.shape[0]
+        values[start: start + rows] = (q[..., :half] | (q[..., half:] << 4)).reshape(rows, K // 2)
+        scales[start: start + rows] = scale
+        offsets[start: start + rows] = low
+    return KernelWeight(values, scales, offsets)
+
+
 def eligible(weight: torch.Tensor) -> bool:
     """A weight the kernel takes as it is: float32 [N, K] contiguous on the CPU, K a
     multiple of `LANES`."""
@@ -155,10 +203,9 @@ def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor | KernelW
     `compact_weight` made of one): [..., N]."""
     if isinstance(weight, torch.Tensor):
         weight = KernelWeight(weight)
-    N, K = weight.values.shape
-    flat = x.reshape(-1, K).contiguous()  # [rows, K]
-    out = kernel.streamed_linear(flat, weight.values, bias, weight.scales)  # [rows, N]
-    return out.reshape(*x.shape[:-1], N)
+    flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, K]
+    out = kernel.streamed_linear(flat, weight.values, bias, weight.scales, weight.offsets)  # [rows, N]
+    return out.reshape(*x.shape[:-1], weight.out_features)
 
 
 def twin(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
