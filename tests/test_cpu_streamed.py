@@ -225,32 +225,20 @@ def widened(weight: cpu_streamed.KernelWeight) -> torch.Tensor:
     return blocks.view(rows, -1)
 
 
+@pytest.mark.parametrize("form", ["Q8_0", "Q4_1"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
 @pytest.mark.parametrize("shape", [(576, 960), (64, 33), (32, 1)])
-def test_int8_blocks_give_the_float32_weights_results_bit_for_bit(kernel, rows, shape):
-    """A Q8_0-dequantized weight read as int8 blocks: exactly its values, and the kernel's
-    results on it equal its results on the float32 weight, bit for bit."""
+def test_gguf_blocks_give_the_float32_weights_results_bit_for_bit(kernel, form, rows, shape):
+    """A weight as GGUF's Q8_0 or Q4_1 blocks dequantize to, read as int8 or 4-bit blocks:
+    exactly its values, and the kernel's results on it equal its results on the float32
+    weight, bit for bit (13 rows: widened once into float32 for two blocks of rows)."""
     in_features, out_features = shape
-    w = q8_0_weight(out_features, in_features, seed=rows)
+    make, dtype, per_byte = {"Q8_0": (q8_0_weight, torch.int8, 1), "Q4_1": (q4_1_weight, torch.uint8, 2)}[form]
+    w = make(out_features, in_features, seed=rows)
     compact = cpu_streamed.compact_weight(w)
-    assert compact.values.dtype == torch.int8 and compact.scales.shape == (out_features, in_features // 32)
-    assert torch.equal(widened(compact), w)
-    x, b = torch.randn(rows, in_features), torch.randn(out_features)
-    got = cpu_streamed.streamed_linear(kernel, x, compact, b)
-    assert torch.equal(got, cpu_streamed.streamed_linear(kernel, x, w, b))
-    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-4)  # another summation order
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
-@pytest.mark.parametrize("shape", [(576, 960), (64, 33), (32, 1)])
-def test_4bit_blocks_give_the_float32_weights_results_bit_for_bit(kernel, rows, shape):
-    """A Q4_1-dequantized weight read as 4-bit blocks: exactly its values, and the kernel's
-    results on it equal its results on the float32 weight, bit for bit."""
-    in_features, out_features = shape
-    w = q4_1_weight(out_features, in_features, seed=rows)
-    compact = cpu_streamed.compact_weight(w)
-    assert compact.values.shape == (out_features, in_features // 2) and compact.values.dtype == torch.uint8
-    assert compact.scales.shape == compact.offsets.shape == (out_features, in_features // 32)
+    assert compact.values.dtype == dtype and compact.values.shape == (out_features, in_features // per_byte)
+    assert compact.scales.shape == (out_features, in_features // 32)
+    assert (compact.offsets is None) == (form == "Q8_0")
     assert torch.equal(widened(compact), w)
     x, b = torch.randn(rows, in_features), torch.randn(out_features)
     got = cpu_streamed.streamed_linear(kernel, x, compact, b)

@@ -10,7 +10,9 @@ is the fastest path without a copy, unless a copy beats it by `cpu_linear.COPY_M
 On a 2-core Intel Xeon VM (AVX-512), the load-time timings of the target's linears
 (docs/bench/row_routing_smollm2_target_streamed.json) put it at 4-16 rows, and 8-node
 EAGLE-3 trees went from 1.05x to 1.14x of plain decoding on MT-bench and from 1.52x to
-1.85x on HumanEval, plain decoding unchanged (docs/benchmarks.md 1.25).
+1.85x on HumanEval, plain decoding unchanged (docs/benchmarks.md 1.25). Since it reads the
+target's layers as 4-bit blocks (below), it takes 1-32 rows there, and plain decoding
+runs about 1.8x as fast (docs/benchmarks.md 1.28).
 
 The source is compiled at the first load on a machine with `torch.utils.cpp_extension`
 (a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU
