@@ -70,8 +70,10 @@ inline lanes16 join_halves(__m256 low, __m256 high) {
 }
 #endif
 
-// A weight matrix as the kernel reads it: `load(n, k)` gives weights [n, k, k + 16) as
-// float32 (exact for every type), `address(n, k)` where they sit (for prefetching).
+// A weight matrix as the kernel reads it: weights [n, k, k + 16 * kVectors) as float32
+// (exact for every type) from `load(n, k)` (one vector) or `load_block(n, k, out)` (a
+// 4-bit block's two; `load_weights` calls either), `address(n, k)` where they sit (for
+// prefetching).
 struct Float32Rows {
   static constexpr int kVectors = 1;
   const float* w;
@@ -272,15 +274,11 @@ void streamed_rows(const float* xp, const Rows& w, float* yp, int64_t M, int64_t
   });
 }
 
-}  // namespace
-
-namespace {
-
-// `blocks` [N, K / 32] contiguous float32 on the CPU (a block's scales or offsets).
-void check_blocks(const torch::Tensor& blocks, int64_t N, int64_t K, const char* what) {
+// `blocks` [N, K / block] contiguous float32 on the CPU (each block's scale or offset).
+void check_blocks(const torch::Tensor& blocks, int64_t N, int64_t K, int64_t block, const char* what) {
   TORCH_CHECK(blocks.scalar_type() == torch::kFloat32 && blocks.is_contiguous() && blocks.device().is_cpu() &&
-              blocks.dim() == 2 && blocks.size(0) == N && blocks.size(1) == K / 32,
-              what, " [N, K / 32] contiguous float32 expected");
+              blocks.dim() == 2 && blocks.size(0) == N && blocks.size(1) == K / block,
+              what, " [N, K / ", block, "] contiguous float32 expected");
 }
 
 }  // namespace
@@ -310,13 +308,13 @@ torch::Tensor streamed_linear(const torch::Tensor& x, const torch::Tensor& w,
   float* yp = y.data_ptr<float>();
   if (four_bit) {
     TORCH_CHECK(K % Q4_BLOCK == 0, "4-bit w: K must be a multiple of ", Q4_BLOCK, ", got ", K);
-    check_blocks(*scales, N, K, "4-bit w: scales");
-    check_blocks(*offsets, N, K, "4-bit w: offsets");
+    check_blocks(*scales, N, K, Q4_BLOCK, "4-bit w: scales");
+    check_blocks(*offsets, N, K, Q4_BLOCK, "4-bit w: offsets");
     streamed_rows(xp, Q4BlockRows{w.data_ptr<uint8_t>(), scales->data_ptr<float>(), offsets->data_ptr<float>(), K},
                   yp, M, K, N);
   } else if (wtype == torch::kInt8) {
     TORCH_CHECK(K % INT8_BLOCK == 0, "int8 w: K must be a multiple of ", INT8_BLOCK, ", got ", K);
-    check_blocks(*scales, N, K, "int8 w: scales");
+    check_blocks(*scales, N, K, INT8_BLOCK, "int8 w: scales");
     streamed_rows(xp, Int8BlockRows{w.data_ptr<int8_t>(), scales->data_ptr<float>(), K}, yp, M, K, N);
   } else if (wtype == torch::kFloat16) {
     streamed_rows(xp, Float16Rows{reinterpret_cast<const _Float16*>(w.data_ptr<at::Half>()), K}, yp, M, K, N);

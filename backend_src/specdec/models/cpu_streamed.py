@@ -63,7 +63,7 @@ INT8_BLOCK = 32  # int8 weights per scale along the inner dimension (GGUF's Q8_0
 Q4_BLOCK = 32  # 4-bit weights per scale and offset along the inner dimension (GGUF's Q4_1 blocks)
 Q4_LEVELS = 15  # the largest 4-bit value
 PROBE_ROWS = 8  # rows `compact_weight` tries before a whole weight
-CHUNK_ROWS = 4096  # rows `int8_blocks` checks at a time (bounds its temporaries)
+CHUNK_ROWS = 4096  # rows `int8_blocks` and `q4_blocks` check at a time (bounds their temporaries)
 
 _lock = threading.Lock()
 _kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
