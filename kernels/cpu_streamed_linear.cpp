@@ -38,8 +38,6 @@
 #include <immintrin.h>
 
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 namespace {
 
@@ -229,46 +227,46 @@ inline void dot_block(const float* x, const Rows& w, float* y, int64_t K, int64_
     for (int m = 0; m < MB; m++) y[(m0 + m) * N + yn + j] = sum_lanes(acc[j][m]);
 }
 
-// Every row of x against weight rows [wn, wn + NB), in blocks of 8, 4, 2 and 1 rows; only
-// the first block prefetches (the later ones find the weight rows in L1).
+// Rows of x a block takes at most: its 2 * ROW_BLOCK accumulators, the weight vectors and
+// an x vector fit AVX-512's 32 registers (AVX2's 16 hold half as many 16-lane vectors).
+#if defined(__AVX512F__)
+constexpr int ROW_BLOCK = 12;
+#else
+constexpr int ROW_BLOCK = 8;
+#endif
+
+// Every row of x against weight rows [wn, wn + NB): blocks of ROW_BLOCK rows, then the
+// rest as one block, so that a compact weight is widened once per block and a call of at
+// most ROW_BLOCK rows widens it once (7 rows as blocks of 4, 2 and 1 took 1.4x as long
+// as 8 rows). Only the first block prefetches (the later ones find the weight rows in L1).
 template <int NB, typename Rows>
 inline void all_rows(const float* x, const Rows& w, float* y, int64_t M, int64_t K, int64_t N, int64_t wn,
                      int64_t yn, bool prefetch) {
   int64_t m = 0;
-  for (; m + 8 <= M; m += 8, prefetch = false) dot_block<8, NB>(x, w, y, K, N, m, wn, yn, prefetch);
-  for (; m + 4 <= M; m += 4, prefetch = false) dot_block<4, NB>(x, w, y, K, N, m, wn, yn, prefetch);
-  for (; m + 2 <= M; m += 2, prefetch = false) dot_block<2, NB>(x, w, y, K, N, m, wn, yn, prefetch);
-  for (; m < M; m++, prefetch = false) dot_block<1, NB>(x, w, y, K, N, m, wn, yn, prefetch);
+  for (; m + ROW_BLOCK <= M; m += ROW_BLOCK, prefetch = false) {
+    dot_block<ROW_BLOCK, NB>(x, w, y, K, N, m, wn, yn, prefetch);
+  }
+  switch (M - m) {  // ROW_BLOCK - 1 at most (a case past it is never taken)
+    case 11: dot_block<11, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 10: dot_block<10, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 9: dot_block<9, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 8: dot_block<8, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 7: dot_block<7, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 6: dot_block<6, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 5: dot_block<5, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 4: dot_block<4, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 3: dot_block<3, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 2: dot_block<2, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    case 1: dot_block<1, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
+    default: break;
+  }
 }
 
-// y [M, N] = x [M, K] @ w [N, K].T, output rows split over torch's threads. A compact
-// weight met by more than one block of rows is widened once per pair of weight rows into
-// float32 (exact, so the same results) that the blocks then read from L1, instead of
-// widening it again for each block.
+// y [M, N] = x [M, K] @ w [N, K].T, output rows split over torch's threads.
 template <typename Rows>
 void streamed_rows(const float* xp, const Rows& w, float* yp, int64_t M, int64_t K, int64_t N) {
-  constexpr bool compact = !std::is_same<Rows, Float32Rows>::value;
   at::parallel_for(0, N, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
-    if (compact && M > 8) {
-      std::vector<float> pair(2 * K);  // [2, K]: weight rows n and n + 1 as float32
-      const Float32Rows widened{pair.data(), K};
-      for (; n < end; n += 2) {
-        const int rows = n + 2 <= end ? 2 : 1;
-        for (int j = 0; j < rows; j++) {
-          for (int64_t k = 0; k < K; k += 16 * Rows::kVectors) {
-            if (n + PREFETCH_ROWS + j < end) __builtin_prefetch(w.address(n + PREFETCH_ROWS + j, k));
-            load_weights(w, n + j, k, reinterpret_cast<lanes16*>(pair.data() + j * K + k));
-          }
-        }
-        if (rows == 2) {
-          all_rows<2>(xp, widened, yp, M, K, N, 0, n, false);
-        } else {
-          all_rows<1>(xp, widened, yp, M, K, N, 0, n, false);
-        }
-      }
-      return;
-    }
     for (; n + 2 <= end; n += 2) all_rows<2>(xp, w, yp, M, K, N, n, n, n + PREFETCH_ROWS + 2 <= end);
     if (n < end) all_rows<1>(xp, w, yp, M, K, N, n, n, false);
   });

@@ -231,7 +231,7 @@ def widened(weight: cpu_streamed.KernelWeight) -> torch.Tensor:
 def test_gguf_blocks_give_the_float32_weights_results_bit_for_bit(kernel, form, rows, shape):
     """A weight as GGUF's Q8_0 or Q4_1 blocks dequantize to, read as int8 or 4-bit blocks:
     exactly its values, and the kernel's results on it equal its results on the float32
-    weight, bit for bit (13 rows: widened once into float32 for two blocks of rows)."""
+    weight, bit for bit (13 rows: two blocks of rows, each widening the weight)."""
     in_features, out_features = shape
     make, dtype, per_byte = {"Q8_0": (q8_0_weight, torch.int8, 1), "Q4_1": (q4_1_weight, torch.uint8, 2)}[form]
     w = make(out_features, in_features, seed=rows)
