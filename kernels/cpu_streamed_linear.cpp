@@ -153,11 +153,18 @@ struct Q4BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32] + offsets[n, k / 
   int64_t K;
   void load_block(int64_t n, int64_t k, lanes16* out) const {
     const uint8_t* p = q + n * (K / 2) + k / 2;
+    const int64_t block = n * (K / Q4_BLOCK) + k / Q4_BLOCK;
+    const float scale = scales[block], offset = offsets[block];
 #if defined(__AVX512F__)
+    // The block's 16 weights q * scale + offset, q = 0..15 (one rounding: q * scale is
+    // exact), each value's nibble picking its own (a permute reads an index's low 4 bits).
+    const __m512 levels = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_ps(scale), _mm512_set1_ps(offset));
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const lanes16 low = (lanes16)_mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
-    const lanes16 high = (lanes16)_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-#elif defined(__AVX2__)
+    out[0] = (lanes16)_mm512_permutexvar_ps(bytes, levels);
+    out[1] = (lanes16)_mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), levels);
+#else
+#if defined(__AVX2__)
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m256i first = _mm256_cvtepu8_epi32(raw), second = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
     const __m256i mask = _mm256_set1_epi32(15);
@@ -170,10 +177,9 @@ struct Q4BlockRows {  // w[n, k] = q[n, k] * scales[n, k / 32] + offsets[n, k / 
     const lanes16 low = __builtin_convertvector(bytes & 15, lanes16);
     const lanes16 high = __builtin_convertvector(bytes >> 4, lanes16);
 #endif
-    const int64_t block = n * (K / Q4_BLOCK) + k / Q4_BLOCK;
-    const float scale = scales[block], offset = offsets[block];
     out[0] = low * scale + offset;
     out[1] = high * scale + offset;
+#endif
   }
   const void* address(int64_t n, int64_t k) const { return q + n * (K / 2) + k / 2; }
 };
