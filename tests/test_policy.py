@@ -114,6 +114,34 @@ def test_a_machine_faster_than_at_load_is_faster_at_every_shape():
     assert cost.draft_seconds("eagle2", 1, FULL) == pytest.approx(cost.speed * draft)
 
 
+
+def test_a_verify_shape_timed_after_a_larger_forward_is_warmed_up_first(monkeypatch):
+    """Calibration times each verify shape as serving meets it, after forwards like
+    itself: a shape that follows a larger forward (more rows, or a longer prefix; also
+    across rounds) runs once untimed before its timed run, and only then."""
+    from specdec import policy as policy_module
+
+    calls: list[tuple[int, int, int]] = []  # the shape of every forward, in order
+
+    def forward_run(engine, B, N, prefix):
+        def run() -> float:
+            calls.append((B, N, prefix))
+            return float(B * N)
+        run()  # the first use, untimed
+        return run
+
+    monkeypatch.setattr(policy_module, "_forward_run", forward_run)
+    shapes = [(1, 1, 128), (1, 2, 128), (1, 8, 128), (2, 1, 128), (2, 4, 512), (2, 4, 128)]
+    seconds = policy_module._time_forwards(None, shapes)
+    assert seconds == [float(b * n) for b, n, _ in shapes]
+    runs_per_round = calls[len(shapes):]
+    per_round = len(runs_per_round) // policy_module.TIMING_ROUNDS
+    # a round: (1, 1) after the last round's (2, 4) twice, (1, 2), (1, 8), (2, 1) after (1, 8) twice,
+    # (2, 4, 512), then (2, 4, 128) after that longer prefix twice
+    assert runs_per_round[:per_round] == [shapes[0], shapes[0], shapes[1], shapes[2], shapes[3], shapes[3],
+                                          shapes[4], shapes[5], shapes[5]]
+    assert runs_per_round == runs_per_round[:per_round] * policy_module.TIMING_ROUNDS
+
 def test_calibration_defines_the_speed_and_teaches_the_cells_only():
     cost = synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3)
     cost.learning_speed = False
