@@ -243,7 +243,7 @@ constexpr int ROW_BLOCK = 8;
 
 // Every row of x against weight rows [wn, wn + NB): blocks of ROW_BLOCK rows, then the
 // rest as one block, so that a compact weight is widened once per block and a call of at
-// most ROW_BLOCK rows widens it once (7 rows as blocks of 4, 2 and 1 took 1.4x as long
+// most ROW_BLOCK rows widens it once (7 rows as blocks of 4, 2 and 1 took 1.3x as long
 // as 8 rows). Only the first block prefetches (the later ones find the weight rows in L1).
 template <int NB, typename Rows>
 inline void all_rows(const float* x, const Rows& w, float* y, int64_t M, int64_t K, int64_t N, int64_t wn,
