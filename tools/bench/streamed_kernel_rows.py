@@ -23,9 +23,8 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "backend_src"))
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench import machine_info, portable  # noqa: E402
+from cpu_linear_layouts import best_ms  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
 from specdec.models import cpu_streamed  # noqa: E402
 from specdec.models.llama import LlamaModel  # noqa: E402
@@ -54,16 +54,6 @@ def build(source: bytes, label: str) -> Any:
         print(f"building {label} ...", flush=True)
         return cpp_extension.load(name=name, sources=[str(path)], extra_cflags=list(cpu_streamed.CFLAGS),
                                   verbose=False)
-
-
-def best_ms(run: Callable[[], object], repeats: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
