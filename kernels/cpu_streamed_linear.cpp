@@ -241,6 +241,20 @@ constexpr int ROW_BLOCK = 12;
 constexpr int ROW_BLOCK = 8;
 #endif
 
+// The last `rows` rows of x from row m (fewer than ROW_BLOCK) as one block: dot_block of
+// that many rows, chosen among MB, MB - 1, ..., 1.
+template <int MB, int NB, typename Rows>
+inline void last_block(int64_t rows, const float* x, const Rows& w, float* y, int64_t K, int64_t N, int64_t m,
+                       int64_t wn, int64_t yn, bool prefetch) {
+  if constexpr (MB > 0) {
+    if (rows == MB) {
+      dot_block<MB, NB>(x, w, y, K, N, m, wn, yn, prefetch);
+    } else {
+      last_block<MB - 1, NB>(rows, x, w, y, K, N, m, wn, yn, prefetch);
+    }
+  }
+}
+
 // Every row of x against weight rows [wn, wn + NB): blocks of ROW_BLOCK rows, then the
 // rest as one block, so that a compact weight is widened once per block and a call of at
 // most ROW_BLOCK rows widens it once (7 rows as blocks of 4, 2 and 1 took 1.3x as long
@@ -252,20 +266,7 @@ inline void all_rows(const float* x, const Rows& w, float* y, int64_t M, int64_t
   for (; m + ROW_BLOCK <= M; m += ROW_BLOCK, prefetch = false) {
     dot_block<ROW_BLOCK, NB>(x, w, y, K, N, m, wn, yn, prefetch);
   }
-  switch (M - m) {  // ROW_BLOCK - 1 at most (a case past it is never taken)
-    case 11: dot_block<11, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 10: dot_block<10, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 9: dot_block<9, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 8: dot_block<8, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 7: dot_block<7, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 6: dot_block<6, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 5: dot_block<5, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 4: dot_block<4, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 3: dot_block<3, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 2: dot_block<2, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    case 1: dot_block<1, NB>(x, w, y, K, N, m, wn, yn, prefetch); break;
-    default: break;
-  }
+  last_block<ROW_BLOCK - 1, NB>(M - m, x, w, y, K, N, m, wn, yn, prefetch);
 }
 
 // y [M, N] = x [M, K] @ w [N, K].T, output rows split over torch's threads.

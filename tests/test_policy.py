@@ -114,7 +114,6 @@ def test_a_machine_faster_than_at_load_is_faster_at_every_shape():
     assert cost.draft_seconds("eagle2", 1, FULL) == pytest.approx(cost.speed * draft)
 
 
-
 def test_a_verify_shape_timed_after_a_larger_forward_is_warmed_up_first(monkeypatch):
     """Calibration times each verify shape as serving meets it, after forwards like
     itself: a shape that follows a larger forward (more rows, or a longer prefix; also
@@ -141,6 +140,7 @@ def test_a_verify_shape_timed_after_a_larger_forward_is_warmed_up_first(monkeypa
     assert runs_per_round[:per_round] == [shapes[0], shapes[0], shapes[1], shapes[2], shapes[3], shapes[3],
                                           shapes[4], shapes[5], shapes[5]]
     assert runs_per_round == runs_per_round[:per_round] * policy_module.TIMING_ROUNDS
+
 
 def test_calibration_defines_the_speed_and_teaches_the_cells_only():
     cost = synthetic_cost(per_token=1e-4, fixed=1e-2, draft_per_request=3e-3)

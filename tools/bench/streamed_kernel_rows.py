@@ -78,23 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     head = cpu_streamed.compact_weight(model.lm_head.weight.detach())
     forms = sorted({str(w.values.dtype).replace("torch.", "") for w in layers})
 
-    def in_features(w: cpu_streamed.KernelWeight) -> int:
-        return w.values.shape[1] * (2 if w.values.dtype == torch.uint8 else 1)
-
-    weights = sum(w.out_features * in_features(w) for w in layers)
+    weights = sum(w.out_features * w.in_features for w in layers)
     results = []
     generator = torch.Generator().manual_seed(0)
     for rows in [int(r) for r in args.rows.split(",")]:
-        inputs = {k: torch.randn(rows, k, generator=generator) for k in {in_features(w) for w in layers + [head]}}
+        inputs = {k: torch.randn(rows, k, generator=generator) for k in {w.in_features for w in layers + [head]}}
         row: dict[str, Any] = {"rows": rows}
         outputs = {}
         for label, kernel in kernels.items():
             def layers_pass(kernel=kernel):
-                return [kernel.streamed_linear(inputs[in_features(w)], w.values, None, w.scales, w.offsets)
+                return [kernel.streamed_linear(inputs[w.in_features], w.values, None, w.scales, w.offsets)
                         for w in layers]
 
             def head_pass(kernel=kernel):
-                return kernel.streamed_linear(inputs[in_features(head)], head.values, None, head.scales, head.offsets)
+                return kernel.streamed_linear(inputs[head.in_features], head.values, None, head.scales, head.offsets)
             outputs[label] = layers_pass() + [head_pass()]
             row[label] = {"layers_ms": best_ms(layers_pass, args.repeats),
                           "lm_head_ms": best_ms(head_pass, args.repeats)}

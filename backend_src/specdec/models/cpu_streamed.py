@@ -106,6 +106,11 @@ class KernelWeight:
     def out_features(self) -> int:
         return self.values.shape[0]
 
+    @property
+    def in_features(self) -> int:
+        """K: two 4-bit values a byte, one value an element otherwise."""
+        return self.values.shape[1] * (2 if self.values.dtype == torch.uint8 else 1)
+
 
 def compact_weight(weight: torch.Tensor) -> KernelWeight:
     """What the kernel reads for `weight` (float32, `eligible`), the smallest exact form:
