@@ -66,3 +66,36 @@ def test_a_cached_single_query_forward_takes_it_and_matches_enable_gqa(monkeypat
         kernels_own = attn(x, cos, sin, batch.mask, cache, 0, batch)
     assert calls == [1]
     assert (grouped - kernels_own).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("slots, n", [([3], 8), ([4, 1, 2], 5), ([2, 3], 1), ([5], 1)])
+def test_a_forwards_mask_is_made_additive_once_with_the_bool_masks_result(monkeypatch, slots, n):
+    shape = LlamaShape(vocab_size=32, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                       rope_theta=10000.0, rope_scaling=None, max_position_embeddings=64,
+                       attention_bias=False, tie_word_embeddings=False)
+    gen = torch.Generator().manual_seed(n * 10 + len(slots))
+    torch.manual_seed(1)
+    attn = Attention(shape)
+    B = len(slots)
+    prefix = torch.randint(0, 20, (B,), generator=gen)
+    local = (torch.rand(B, n, n, generator=gen) < 0.5).tril() | torch.eye(n, dtype=torch.bool)  # a tree: self seen
+    cache = KVCache(2, 6, 2, 40, 8, torch.float32, "cpu")
+    cache.kv[0] = torch.randn(cache.kv[0].shape, generator=gen)
+    cache.kv[1] = cache.kv[0]  # layer 1 sees what layer 0 does
+    batch = AttentionBatch.build(torch.tensor(slots), prefix, local, host_slots=slots)
+    x = torch.randn(B, n, 48, generator=gen)
+    cos, sin = layers.rope_tables(layers.rope_inv_freq(shape), prefix[:, None] + torch.arange(n), torch.float32)
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: seen.append(kw["attn_mask"].dtype) or sdpa(*a, **kw))
+    with torch.inference_mode():
+        first = attn(x, cos, sin, batch.mask, cache, 0, batch)
+        made = batch._additive
+        second = attn(x, cos, sin, batch.mask, cache, 1, batch)  # the next layer
+        assert batch._additive is made  # made once for the forward
+        with_bool = attn(x, cos, sin, batch.mask.clone(), cache, 0, batch)  # not the batch's: as given
+    assert seen == [torch.float32, torch.float32, torch.bool]
+    assert torch.equal(made, torch.zeros(made.shape).masked_fill(~batch.mask, float("-inf")))
+    assert torch.equal(first, with_bool) and torch.equal(first, second)

@@ -19,7 +19,8 @@ from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.drafters.lookup import graft
 from specdec.kv_cache import AttentionBatch
 from specdec.models.layers import causal_mask
-from specdec.sampling import LogitsRow, SamplingTensors, _truncated as truncated, probabilities, process_logits, sampling_tensors
+from specdec.sampling import (LogitsRow, SamplingTensors, _truncated as truncated, greedy_tokens, probabilities,
+                              process_logits, sampling_tensors)
 
 TEMPERATURE, TOP_P, MIN_P = 0.9, 0.95, 0.05
 TRIALS = 1500
@@ -246,3 +247,16 @@ def test_process_logits_copies_only_what_it_changes(settings):
     assert (out is logits) == (not changes)
     assert torch.equal(out[0], before[0])
     assert torch.equal(out[1], before[1]) == (not changes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_greedy_tokens_are_argmax_first_maximum_on_ties(dtype):
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        rows, vocab = int(torch.randint(1, 17, (1,), generator=gen)), int(torch.randint(1, 60000, (1,), generator=gen))
+        logits = torch.randint(-3, 4, (1, rows, vocab), generator=gen).to(dtype)  # values repeat: ties everywhere
+        if trial % 5 == 0:
+            logits[0, 0, int(torch.randint(0, vocab, (1,), generator=gen))] = float("nan")  # argmax takes a NaN
+        got = greedy_tokens(logits)
+        assert got.shape == (1, rows) and got.dtype == torch.long
+        assert torch.equal(got, logits.argmax(-1))

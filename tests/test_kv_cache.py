@@ -61,6 +61,29 @@ def test_writes_land_at_each_requests_positions(cache):
     assert changed == slots
 
 
+@pytest.mark.parametrize("slot, prefix, offset, n", [(0, 0, 0, 1), (5, 7, 0, 3), (2, 11, 4, 2), (7, 30, 0, 10)])
+def test_one_requests_write_is_a_slice_that_lands_where_the_indexed_write_does(cache, slot, prefix, offset, n):
+    local = torch.ones(1, n, offset + n, dtype=torch.bool).tril(diagonal=offset)  # a chain after `offset` entries
+    sliced = AttentionBatch.build(torch.tensor([slot]), torch.tensor([prefix]), local, write_offset=offset,
+                                  host_slots=[slot])
+    indexed = AttentionBatch.build(torch.tensor([slot]), torch.tensor([prefix]), local, write_offset=offset)
+    assert sliced.write_start == prefix + offset and indexed.write_start is None
+    k = torch.randn(1, n, H, D).transpose(1, 2)  # [1, H, n, D], strided as the layers give it
+    v = torch.randn(1, H, n, D)
+    other = KVCache(L, S, H, T, D, torch.float32, "cpu")
+    other.kv.copy_(cache.kv)
+    cache.write(2, sliced, k, v)
+    other.write(2, indexed, k, v)
+    assert torch.equal(cache.kv, other.kv)
+    assert torch.equal(cache.kv[2, 0, slot, :, prefix + offset: prefix + offset + n], k[0])
+
+
+def test_only_one_request_with_its_slot_on_the_host_writes_a_slice():
+    two = AttentionBatch.build(torch.tensor([2, 3]), torch.tensor([4, 4]), causal_mask(2, 2, "cpu"),
+                               host_slots=[2, 3])
+    assert two.first_slot == 2 and two.write_start is None
+
+
 def test_slots_are_taken_lowest_first_and_moved_down():
     from specdec.kv_cache import SlotAllocator
 

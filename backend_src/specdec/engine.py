@@ -51,7 +51,7 @@ from .policy import MAX_TREE, SpeculationPolicy, describe
 from .prefill import PREFILL_TOKENS, PrefillChunk, prefill_chunks, prefill_groups
 from .request import AcceptanceStats, GenerationRequest, StepOutput
 from .routing_cache import cached_row_paths, routing_cache_dir
-from .sampling import (LogitsRow, RequestRng, needs_plain_steps, probabilities, process_logits,
+from .sampling import (LogitsRow, RequestRng, greedy_tokens, needs_plain_steps, probabilities, process_logits,
                        sample_inverse_cdf, sampling_tensors)
 from .transfer import host_to_device, to_device
 from .drafters.base import AcceptedBatch, DraftTree, TreeSettings
@@ -605,7 +605,7 @@ class Engine:
         row = LogitsRow(state.req, state.tokens, 0)
         processed = process_logits(logits, [row], torch.zeros(1, 1, dtype=torch.long, device=self.device))
         if state.req.sampling.greedy:
-            token = processed[0, 0].argmax()
+            token = greedy_tokens(processed[0, 0])
             log_dist = torch.log_softmax(processed[0, 0], -1)
             return token, log_dist[token], log_dist
         probs = probabilities(processed, sampling_tensors([row], self.device))[0]  # [1, V]
@@ -732,7 +732,7 @@ class Engine:
         if greedy:
             g = to_device(greedy, dev)
             greedy_logits = logits if len(greedy) == B else logits[g]  # (a gather copies [G, N, V])
-            argmax = greedy_logits.argmax(-1)
+            argmax = greedy_tokens(greedy_logits)
             if N == 1:
                 bonus[g] = argmax[:, 0]
             else:

@@ -9,7 +9,7 @@ draft tokens is written right after the committed prefix and, after verification
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
@@ -32,6 +32,21 @@ class AttentionBatch:
     key_len: int  # keys read per request: max(prefix_len) + T
     first_slot: Optional[int] = None  # set when slots are first_slot, first_slot + 1, ...: reads are views
     static: bool = False  # a graph's buffers: reads never depend on the slots' values on the host (graphs.py)
+    # One request whose slot and first write position the host knows (`first_slot`): its
+    # T tokens go to positions [write_start, write_start + T), written as a slice.
+    write_start: Optional[int] = None
+    _additive: Optional[torch.Tensor] = field(default=None, repr=False)  # additive_mask's, made once
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """`mask` as `scaled_dot_product_attention` adds it to the scores: 0 where a query
+        may attend, -inf elsewhere, in `dtype` [B, 1, T, key_len]; made at the first call
+        and shared by every layer of the forward. Given the bool mask, the CPU kernel makes
+        this itself at every call: with 8 queries over 250 keys it took 171 µs against
+        152 (ad hoc, 2-core Xeon, float32), the same results."""
+        if self._additive is None or self._additive.dtype != dtype:
+            self._additive = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self._additive
 
     @staticmethod
     def build(slots: torch.Tensor, prefix_len: torch.Tensor, local_mask: torch.Tensor,
@@ -60,7 +75,8 @@ class AttentionBatch:
         if host_slots is not None and list(host_slots) == list(range(host_slots[0], host_slots[0] + B)):
             first = int(host_slots[0])
         return AttentionBatch(slots=slots, write_pos=window[:, write_offset:], mask=mask[:, None], key_len=key_len,
-                              first_slot=first)
+                              first_slot=first,
+                              write_start=max_prefix + write_offset if B == 1 and first is not None else None)
 
     @staticmethod
     def build_static(slots: torch.Tensor, prefix_len: torch.Tensor, local_mask: torch.Tensor, write_offset: int,
@@ -95,7 +111,15 @@ class KVCache:
         self._gather: Optional[torch.Tensor] = None  # [2, slots x H x T x D]: read's buffer for scattered slots
 
     def write(self, layer: int, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [B, H_kv, T, D] for the forward's new tokens."""
+        """k, v: [B, H_kv, T, D] for the forward's new tokens. One request's go in as a
+        slice (`batch.write_start`): on the 2-core Xeon an indexed write of 8 tokens took
+        107 µs and a slice's copy 75, right after a weight stream (60 writes a forward;
+        ad hoc)."""
+        if batch.write_start is not None:
+            s, start, T = batch.first_slot, batch.write_start, k.shape[2]
+            self.kv[layer, 0, s, :, start: start + T].copy_(k[0])
+            self.kv[layer, 1, s, :, start: start + T].copy_(v[0])
+            return
         index = (batch.slots[:, None], slice(None), batch.write_pos)
         self.kv[layer, 0][index] = k.transpose(1, 2).to(self.kv.dtype)
         self.kv[layer, 1][index] = v.transpose(1, 2).to(self.kv.dtype)

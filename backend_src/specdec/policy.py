@@ -60,6 +60,7 @@ from .errors import validate_that
 from .kv_cache import AttentionBatch
 from .models.layers import causal_mask
 from .request import GenerationRequest, SamplingParams, SpecParams
+from .sampling import greedy_tokens
 from .drafters.base import TreeSettings
 from .drafters.choices import static_tree
 from .drafters.lookup import GRAFTED_METHODS
@@ -856,7 +857,7 @@ def _forward_run(engine, B: int, N: int, prefix_len: int):
             batch = AttentionBatch.build(slots, prefix, causal_mask(B, N, dev), host_slots=range(B),
                                          max_prefix=prefix_len)
             hidden, _ = engine.target_step(ids, pos, batch, aux=False)
-            target.logits(hidden).argmax(-1).tolist()
+            greedy_tokens(target.logits(hidden)).tolist()
             return time.perf_counter() - t0
 
     run()

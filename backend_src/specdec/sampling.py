@@ -36,6 +36,15 @@ class LogitsRow:
     num_generated: int  # output tokens so far; the token drawn after a depth-d node is output number num_generated + d
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dim: [..., V] -> [...] int64, the first maximal index
+    on ties, as `argmax`. Through `max(dim)`, which returns the same index: on the
+    2-core Xeon, float32, torch 2.13, `argmax` over SmolLM2's 49,152 logits took 79 /
+    305 µs for 1 / 8 rows and `max` 25 / 96 (ad hoc, hot caches; an 8-node verify's
+    argmax took 0.56 ms a step in the engine)."""
+    return logits.max(dim=-1).indices
+
+
 def needs_plain_steps(req: GenerationRequest) -> bool:
     """True when processing depends on path history, so tree nodes cannot share it."""
     return req.sampling.has_penalties or any(len(w) > 1 for w in req.bad_words)

@@ -24,7 +24,7 @@ from ..graphs import DecodeGraphs
 from ..kv_cache import AttentionBatch
 from ..models.layers import causal_mask, vocabulary_projection
 from ..models.llama import LlamaModel
-from ..sampling import LogitsRow, probabilities, sample_inverse_cdf, sampling_tensors
+from ..sampling import LogitsRow, greedy_tokens, probabilities, sample_inverse_cdf, sampling_tensors
 from ..transfer import host_to_device, to_device
 from .base import AcceptedBatch, DraftTree, TreeSettings
 from .eagle import BATCHED_CATCH_UP, GRAPH_SPARE
@@ -152,7 +152,7 @@ class DraftModelDrafter:
         chain, dists = [], []
         for j in range(gamma):
             if greedy:
-                nxt = logits.argmax(-1)
+                nxt = greedy_tokens(logits)
             else:
                 probs = probabilities(logits[:, None], sampling_tensors(rows, device))[:, 0]
                 u = host_to_device(torch.cat([s.rng.uniforms(1) for s in states]), device)

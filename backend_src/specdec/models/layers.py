@@ -214,6 +214,8 @@ class Attention(nn.Module):
             cache.write(layer, batch, k, v)
             k, v = cache.read(layer, batch)
             k, v = k.to(q.dtype), v.to(q.dtype)
+            if mask is batch.mask and not batch.static and q.device.type == "cpu":
+                mask = batch.additive_mask(q.dtype)  # made once per forward (AttentionBatch.additive_mask)
         if Tq == 1 and self.n_kv != self.n_heads and q.device.type == "cpu" and GROUP_SINGLE_QUERIES:
             out = single_query_attention(q, k, v, mask)
         else:
@@ -235,7 +237,7 @@ GROUP_SINGLE_QUERIES = True
 def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention of one query per row: q [B, H, 1, D]; k, v [B, H_kv, S, D]
     with H a multiple of H_kv (query head h reads KV head h // (H / H_kv), as
-    `enable_gqa` pairs them); mask [B or 1, 1, 1, S] bool, or None. Returns [B, H, 1, D].
+    `enable_gqa` pairs them); mask [B or 1, 1, 1, S] bool or additive (0 / -inf), or None. Returns [B, H, 1, D].
 
         H 4, H_kv 2: query heads 0, 1 -> rows 0, 1 of KV head 0; heads 2, 3 -> KV head 1
     """
