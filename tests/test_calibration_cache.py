@@ -66,6 +66,15 @@ def calibrated(tmp_path_factory):
     finally:
         del os.environ["SPECDEC_CPU_STREAMED_COMPACT"]
     assert float32_only != calibration_cache.fingerprint(engine, {}, prompt)
+    os.environ["SPECDEC_CPU_ATTENTION"] = "0"  # attention through torch's kernels: other costs
+    try:
+        torch_attention = calibration_cache.fingerprint(engine, {}, prompt)
+    finally:
+        del os.environ["SPECDEC_CPU_ATTENTION"]
+    assert torch_attention["cpu_attention"] is None
+    with_kernel = calibration_cache.fingerprint(engine, {}, prompt)
+    if with_kernel["cpu_attention"] is not None:  # built on this machine
+        assert with_kernel["cpu_attention"].startswith("specdec_tree_attention_") and with_kernel != torch_attention
     return directory, policy_state(engine)
 
 

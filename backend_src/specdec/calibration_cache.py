@@ -31,11 +31,11 @@ from typing import Optional
 import torch
 
 from .config import EngineConfig
-from .models import cpu_streamed
+from .models import cpu_attention, cpu_streamed
 from .step_cost import StepCost
 
 LOG = logging.getLogger("specdec")
-FORMAT = 3  # of the file; bump when `Calibration` or the fingerprint changes shape
+FORMAT = 4  # of the file; bump when `Calibration` or the fingerprint changes shape
 OFF = "off"
 # Config fields that change what calibration measures (the device, dtype, checkpoints and
 # context enter the fingerprint separately; the slots through the KV budget).
@@ -155,6 +155,8 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "mkl_packs": None if engine.row_routing is None else [list(p) for p in engine.row_routing.packs],
         "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
         "streamed_compact": cpu_streamed.compact_wanted(),  # exact weights read as compact copies
+        # the CPU attention kernel's build (its name hashes its source), or None: off, not built, a GPU
+        "cpu_attention": cpu_attention.build_id() if engine.device.type == "cpu" else None,
         "lm_head_routing": None if engine.head_routing is None else engine.head_routing.describe(),
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,

@@ -14,13 +14,10 @@ EAGLE-3 trees went from 1.05x to 1.14x of plain decoding on MT-bench and from 1.
 target's layers as 4-bit blocks (below), it takes 1-32 rows there, and plain decoding
 runs about 1.8x as fast (docs/benchmarks.md 1.28).
 
-The source is compiled at the first load on a machine with `torch.utils.cpp_extension`
-(a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU
-(`-march=native`) into torch's extension folder (`$TORCH_EXTENSIONS_DIR`, default
-`~/.cache/torch_extensions`), under a name that hashes the source, the flags, the CPU
-and torch: a later load, or another process, finds it there. Without a compiler, or
-when the build fails, `streamed_kernel()` logs why once and returns None, and the
-routing keeps to the other three paths. `SPECDEC_CPU_STREAMED=0` never builds it.
+The source is compiled at the first load on a machine (`cpu_extensions.py`: about 35 s
+on 2 cores, then found built). Without a compiler, or when the build fails,
+`streamed_kernel()` logs why once and returns None, and the routing keeps to the other
+three paths. `SPECDEC_CPU_STREAMED=0` never builds it.
 
 Its torch twin is `F.linear`: results equal it up to float32 rounding (another summation
 order). A row's result does not depend on the rows beside it in a call.
@@ -38,26 +35,20 @@ keeps every weight in float32.
 """
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-import platform
-import shutil
 import threading
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..ops._cupy import kernel_dir
-
-LOG = logging.getLogger("specdec")
+from . import cpu_extensions
 
 SOURCE_NAME = "cpu_streamed_linear.cpp"
-CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")  # -fopenmp: at::parallel_for threads
+CFLAGS = cpu_extensions.CFLAGS
 LANES = 16  # the kernel's inner dimension must be a multiple of this
 INT8_BLOCK = 32  # int8 weights per scale along the inner dimension (GGUF's Q8_0 blocks)
 Q4_BLOCK = 32  # 4-bit weights per scale and offset along the inner dimension (GGUF's Q4_1 blocks)
@@ -221,52 +212,10 @@ def twin(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) ->
 
 
 def build_name(source: bytes) -> str:
-    """The extension's name: the source, flags, CPU and torch hashed, so that a changed
-    one builds anew instead of loading a stale build."""
-    digest = hashlib.sha256()
-    for part in (source, " ".join(CFLAGS).encode(), _cpu_flags().encode(), torch.__version__.encode()):
-        digest.update(part)
-        digest.update(b"\0")
-    return f"specdec_streamed_linear_{digest.hexdigest()[:16]}"
+    """The extension's name: the source, flags, CPU and torch hashed (`cpu_extensions`)."""
+    return cpu_extensions.build_name("specdec_streamed_linear", source)
 
 
 def _build() -> Optional[Any]:
-    path = kernel_dir() / SOURCE_NAME
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        LOG.info("streamed CPU linear: not built on %s (x86-64 only)", platform.machine())
-        return None
-    try:
-        from torch.utils import cpp_extension
-
-        _ninja_on_path()
-        source = path.read_bytes()
-        module = cpp_extension.load(name=build_name(source), sources=[str(path)], extra_cflags=list(CFLAGS),
-                                    verbose=False)
-    except Exception as e:  # no compiler or ninja, a failed build, an unreadable source
-        LOG.warning("streamed CPU linear unavailable (%s: %s); matmuls keep to MKL and oneDNN",
-                    type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
-        return None
-    LOG.info("streamed CPU linear built from %s", path.name)
-    return module
-
-
-def _ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the pip package's binary is put there
-    when PATH lacks one (a server started without the virtual environment active)."""
-    if shutil.which("ninja"):
-        return
-    try:
-        import ninja
-    except ImportError:
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def _cpu_flags() -> str:
-    """The CPU's model and instruction-set flags (/proc/cpuinfo), else `platform`'s name."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    wanted_keys = ("model name", "flags")
-    return "\n".join(sorted({line for line in lines if line.split(":", 1)[0].strip() in wanted_keys}))
+    return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_streamed_linear", "streamed CPU linear",
+                               "matmuls keep to MKL and oneDNN")

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kv_cache import AttentionBatch, KVCache
+from . import cpu_attention
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,9 @@ class Attention(nn.Module):
             cache.write(layer, batch, k, v)
             k, v = cache.read(layer, batch)
             k, v = k.to(q.dtype), v.to(q.dtype)
+            kernel = cpu_attention.attention_kernel() if cpu_attention.takes(q, k, mask) else None
+            if kernel is not None:  # a few queries over the cache on the CPU (models/cpu_attention.py)
+                return cpu_attention.attend(kernel, q, k, v, mask).reshape(B, Tq, self.n_heads * self.head_dim)
             if mask is batch.mask and not batch.static and q.device.type == "cpu":
                 mask = batch.additive_mask(q.dtype)  # made once per forward (AttentionBatch.additive_mask)
         if Tq == 1 and self.n_kv != self.n_heads and q.device.type == "cpu" and GROUP_SINGLE_QUERIES:

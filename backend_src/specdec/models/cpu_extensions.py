@@ -1,0 +1,80 @@
+"""Building the repository's C++ CPU kernels (kernels/*.cpp) into torch extensions.
+
+Each source is compiled at its first use on a machine with `torch.utils.cpp_extension`
+(a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU (`-march=native`)
+into torch's extension folder (`$TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`),
+under a name that hashes the source, the flags, the CPU and torch: a later load, or another
+process, finds it there. Without a compiler, or when the build fails, `load` logs why and
+returns None, and the caller keeps to its torch twin.
+
+What each kernel computes, and when it is used: `cpu_streamed.py` (the streamed linear),
+`cpu_attention.py` (attention of a few queries).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+LOG = logging.getLogger("specdec")
+
+CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")  # -fopenmp: at::parallel_for threads
+
+
+def build_name(prefix: str, source: bytes) -> str:
+    """`prefix` and a hash of the source, flags, CPU and torch, so that a changed one
+    builds anew instead of loading a stale build."""
+    digest = hashlib.sha256()
+    for part in (source, " ".join(CFLAGS).encode(), _cpu_flags().encode(), torch.__version__.encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return f"{prefix}_{digest.hexdigest()[:16]}"
+
+
+def load(path: Path, prefix: str, what: str, otherwise: str) -> Optional[Any]:
+    """The extension built from the source at `path` (x86-64 only), or None with a logged
+    reason: `what` names the kernel in the log, `otherwise` says what runs instead."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        LOG.info("%s: not built on %s (x86-64 only)", what, platform.machine())
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        _ninja_on_path()
+        source = path.read_bytes()
+        module = cpp_extension.load(name=build_name(prefix, source), sources=[str(path)], extra_cflags=list(CFLAGS),
+                                    verbose=False)
+    except Exception as e:  # no compiler or ninja, a failed build, an unreadable source
+        LOG.warning("%s unavailable (%s: %s); %s", what, type(e).__name__,
+                    str(e).strip().splitlines()[-1] if str(e).strip() else "", otherwise)
+        return None
+    LOG.info("%s built from %s", what, path.name)
+    return module
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the pip package's binary is put there
+    when PATH lacks one (a server started without the virtual environment active)."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and instruction-set flags (/proc/cpuinfo), else `platform`'s name."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted_keys = ("model name", "flags")
+    return "\n".join(sorted({line for line in lines if line.split(":", 1)[0].strip() in wanted_keys}))
