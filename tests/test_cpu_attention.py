@@ -7,35 +7,20 @@ its keys (what makes a tree node's attention equal a plain step's); the layers t
 cached float32 attention on the CPU and fall back where it does not apply or is off."""
 from __future__ import annotations
 
-import platform
 import random
-import shutil
 
 import pytest
 import torch
 
+from cpu_kernels import built_or_skip, fail_the_build
 from specdec.kv_cache import AttentionBatch, KVCache
 from specdec.models import cpu_attention, layers
 from specdec.models.layers import Attention, LlamaShape
 
 
-def can_build() -> bool:
-    """This machine has what the build needs (x86-64, a C++ compiler, ninja)."""
-    try:
-        import ninja  # noqa: F401
-        has_ninja = True
-    except ImportError:
-        has_ninja = shutil.which("ninja") is not None
-    return platform.machine().lower() in ("x86_64", "amd64") and shutil.which("c++") is not None and has_ninja
-
-
 @pytest.fixture(scope="module")
 def kernel():
-    built = cpu_attention.attention_kernel()
-    if built is None:
-        assert not can_build() or not cpu_attention.wanted(), "the attention kernel should build on this machine"
-        pytest.skip("no CPU attention kernel on this machine")
-    return built
+    return built_or_skip(cpu_attention.attention_kernel(), cpu_attention.wanted(), "CPU attention kernel")
 
 
 def cached(B, H_kv, S, D, gen, slots=5, length=400):
@@ -150,10 +135,7 @@ def test_turned_off_by_the_environment(monkeypatch):
 
 
 def test_a_failed_build_is_logged_once_and_leaves_the_layers_on_torch(monkeypatch, tmp_path, caplog):
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("not built off x86-64 at all")
-    monkeypatch.setattr(cpu_attention, "_kernel", {})  # this process's build forgotten, restored after
-    monkeypatch.setattr(cpu_attention, "kernel_dir", lambda: tmp_path)
+    fail_the_build(cpu_attention, monkeypatch, tmp_path)
     with caplog.at_level("WARNING", logger="specdec"):
         assert cpu_attention.attention_kernel() is None
         assert cpu_attention.attention_kernel() is None

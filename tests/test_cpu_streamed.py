@@ -8,37 +8,21 @@ the kernel tests fail rather than skip there, so that they cannot pass by never 
 """
 from __future__ import annotations
 
-import platform
-import shutil
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cpu_kernels import built_or_skip, fail_the_build
 from specdec.models import cpu_linear, cpu_streamed
 from specdec.models.cpu_linear import COPY_MARGIN, ROW_LADDER, RowRouting, plan_paths, use_packed_cpu_linears
 
 INF = float("inf")
 
 
-def can_build() -> bool:
-    """This machine has what the build needs (x86-64, a C++ compiler, ninja)."""
-    try:
-        import ninja  # noqa: F401
-        has_ninja = True
-    except ImportError:
-        has_ninja = shutil.which("ninja") is not None
-    return platform.machine().lower() in ("x86_64", "amd64") and shutil.which("c++") is not None and has_ninja
-
-
 @pytest.fixture(scope="module")
 def kernel():
-    built = cpu_streamed.streamed_kernel()
-    if built is None:
-        assert not can_build() or not cpu_streamed.wanted(), "the streamed kernel should build on this machine"
-        pytest.skip("no streamed kernel on this machine")
-    return built
+    return built_or_skip(cpu_streamed.streamed_kernel(), cpu_streamed.wanted(), "streamed kernel")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64])
@@ -415,10 +399,7 @@ def test_an_ineligible_layer_leaves_the_kernel_out_of_the_timing(monkeypatch):
 def test_a_failed_build_is_logged_once_and_leaves_the_kernel_out(monkeypatch, tmp_path, caplog):
     """A source that cannot be built (here: none where it is looked for) gives no kernel,
     one warning, and no second attempt in the process; the routing then leaves it out."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("not built off x86-64 at all")
-    monkeypatch.setattr(cpu_streamed, "_kernel", {})  # this process's build forgotten, restored after
-    monkeypatch.setattr(cpu_streamed, "kernel_dir", lambda: tmp_path)
+    fail_the_build(cpu_streamed, monkeypatch, tmp_path)
     with caplog.at_level("WARNING", logger="specdec"):
         assert cpu_streamed.streamed_kernel() is None
         assert cpu_streamed.streamed_kernel() is None

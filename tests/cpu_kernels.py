@@ -1,0 +1,42 @@
+"""What the tests of the C++ CPU kernels share (`models/cpu_extensions.py` builds them).
+
+On an x86-64 Linux machine with a C++ compiler and ninja, as the test machines are, a
+kernel must build: its tests fail rather than skip there, so that they cannot pass by
+never running.
+"""
+from __future__ import annotations
+
+import platform
+import shutil
+from typing import Any, Optional
+
+import pytest
+
+
+def can_build() -> bool:
+    """This machine has what the build needs (x86-64, a C++ compiler, ninja)."""
+    try:
+        import ninja  # noqa: F401
+        has_ninja = True
+    except ImportError:
+        has_ninja = shutil.which("ninja") is not None
+    return platform.machine().lower() in ("x86_64", "amd64") and shutil.which("c++") is not None and has_ninja
+
+
+def built_or_skip(built: Optional[Any], wanted: bool, what: str) -> Any:
+    """`built` (a kernel module), or a skip where the machine cannot build it or the
+    environment turned it off; a failure where it should have built."""
+    if built is None:
+        assert not can_build() or not wanted, f"the {what} should build on this machine"
+        pytest.skip(f"no {what} on this machine")
+    return built
+
+
+def fail_the_build(module: Any, monkeypatch, tmp_path) -> None:
+    """Makes `module` (cpu_streamed or cpu_attention) build anew from a folder without its
+    source, so that the build fails; skips off x86-64, where nothing is built at all. The
+    process's build is forgotten for the test and restored after."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("not built off x86-64 at all")
+    monkeypatch.setattr(module, "_kernel", {})
+    monkeypatch.setattr(module, "kernel_dir", lambda: tmp_path)
