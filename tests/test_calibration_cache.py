@@ -75,6 +75,10 @@ def calibrated(tmp_path_factory):
     with_kernel = calibration_cache.fingerprint(engine, {}, prompt)
     if with_kernel["cpu_attention"] is not None:  # built on this machine
         assert with_kernel["cpu_attention"].startswith("specdec_tree_attention_") and with_kernel != torch_attention
+    if engine.row_routing is not None and engine.row_routing.streamed_rows:  # rows timed through the kernel
+        assert with_kernel["streamed_build"].startswith("specdec_streamed_linear_")
+    else:
+        assert with_kernel["streamed_build"] is None
     return directory, policy_state(engine)
 
 

@@ -155,6 +155,7 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "mkl_packs": None if engine.row_routing is None else [list(p) for p in engine.row_routing.packs],
         "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
         "streamed_compact": cpu_streamed.compact_wanted(),  # exact weights read as compact copies
+        "streamed_build": _streamed_build(engine),
         # the CPU attention kernel's build (its name hashes its source), or None: off, not built, a GPU
         "cpu_attention": cpu_attention.build_id() if engine.device.type == "cpu" else None,
         "lm_head_routing": None if engine.head_routing is None else engine.head_routing.describe(),
@@ -167,6 +168,13 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
                   for method, tree in sorted(trees.items())},
         "calibration_prompt": prompt,  # acceptance depends on the text measured
     }
+
+
+def _streamed_build(engine) -> Optional[str]:
+    """The streamed kernel's build (its name hashes its source) where the routing sends
+    the target's rows to it, else None."""
+    routing = engine.row_routing
+    return cpu_streamed.build_id() if routing is not None and routing.streamed_rows else None
 
 
 def _device(device: torch.device) -> dict:

@@ -76,6 +76,13 @@ def streamed_kernel() -> Optional[Any]:
         return _kernel["module"]
 
 
+def build_id() -> Optional[str]:
+    """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
+    it is off or cannot be built: what timings measured with it depend on."""
+    kernel = streamed_kernel()
+    return None if kernel is None else kernel.__name__
+
+
 def compact_wanted() -> bool:
     """Compact copies of exact weights may be made (SPECDEC_CPU_STREAMED_COMPACT is not 0)."""
     return os.environ.get("SPECDEC_CPU_STREAMED_COMPACT", "auto") != "0"
