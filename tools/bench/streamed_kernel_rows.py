@@ -18,7 +18,6 @@ rest of the forward, and the caches a real step leaves cold (the engine's own ti
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import torch  # noqa: E402
 from bench import machine_info, portable  # noqa: E402
 from cpu_linear_layouts import best_ms  # noqa: E402
 from family import FAMILY_DIR  # noqa: E402
-from specdec.models import cpu_streamed  # noqa: E402
+from specdec.models import cpu_extensions, cpu_streamed  # noqa: E402
 from specdec.models.llama import LlamaModel  # noqa: E402
 
 ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 24, 32)
@@ -44,16 +43,16 @@ SOURCE = REPO / "kernels" / cpu_streamed.SOURCE_NAME
 
 
 def build(source: bytes, label: str) -> Any:
-    """The kernel built from `source` under a name of its own (torch's extension folder)."""
-    from torch.utils import cpp_extension
-
-    name = f"streamed_rows_{hashlib.sha256(source).hexdigest()[:16]}"
+    """The kernel built from `source` as the engine builds its own (`cpu_extensions.load`,
+    under a name that hashes the source), or an exit when it does not build."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / cpu_streamed.SOURCE_NAME
         path.write_bytes(source)
         print(f"building {label} ...", flush=True)
-        return cpp_extension.load(name=name, sources=[str(path)], extra_cflags=list(cpu_streamed.CFLAGS),
-                                  verbose=False)
+        module = cpu_extensions.load(path, "streamed_rows", f"{label}'s streamed kernel", "nothing to time")
+    if module is None:
+        raise SystemExit(f"streamed_kernel_rows: {label}'s kernel did not build (the warning above says why)")
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
