@@ -8,8 +8,10 @@ grouped query heads times the step's tokens) in the lanes of a vector and reads 
 and value once for up to 16 of them (the source says how).
 
 It is built at the first attention on a machine (`cpu_extensions.py`), and takes every
-float32 attention over a KV cache on the CPU whose head dim is a multiple of 16 up to 128
-(the target's, the drafters'; not training, which runs without a cache). Without a
+float32 attention over a KV cache on the CPU of up to MAX_QUERY_TOKENS queries a row whose
+head dim is a multiple of 16 up to 128 (the target's, the drafters'; not prefill past
+that, nor training, which runs without a cache). Right after a weight stream it was about
+1.5x as fast as torch's kernels at 1-64 queries (docs/DESIGN.md, ad hoc timings). Without a
 compiler, or when the build fails, `attention_kernel()` logs why once and returns None,
 and the layers keep to `scaled_dot_product_attention`. `SPECDEC_CPU_ATTENTION=0` never
 builds it.
