@@ -135,6 +135,8 @@ void attend_rows(const Task& task, float* scores) {
     for (int64_t j = 0; j < S; j++) {
       lanes16 value[DV];
       for (int c = 0; c < DV; c++) value[c] = load16(task.v + j * task.v_stride + c * LANES);
+      // All ROWS rows, also past `n` (their sums are never stored): p[i] may then read the
+      // next key's lanes, or the buffer's spare lanes after the last key.
       const float* p = scores + j * LANES + i0;
       for (int i = 0; i < ROWS; i++) {
         for (int c = 0; c < DV; c++) acc[i][c] += p[i] * value[c];
@@ -178,7 +180,7 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   float* op = out.data_ptr<float>();
   // Tasks: (batch row, KV head, chunk of 16 query rows), over torch's threads.
   at::parallel_for(0, B * H_kv * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(S * LANES + LANES);
+    std::vector<float> scores(S * LANES + LANES);  // [S, 16] and spare lanes for step 3.'s last reads
     float* buffer = scores.data();
     for (int64_t id = begin; id < end; id++) {
       const int64_t b = id / (H_kv * chunks), head = (id / chunks) % H_kv, chunk = id % chunks;

@@ -156,8 +156,7 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
         "streamed_compact": cpu_streamed.compact_wanted(),  # exact weights read as compact copies
         "streamed_build": _streamed_build(engine),
-        # the CPU attention kernel's build (its name hashes its source), or None: off, not built, a GPU
-        "cpu_attention": cpu_attention.build_id() if engine.device.type == "cpu" else None,
+        "cpu_attention": _attention_build(engine),
         "lm_head_routing": None if engine.head_routing is None else engine.head_routing.describe(),
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
@@ -175,6 +174,13 @@ def _streamed_build(engine) -> Optional[str]:
     the target's rows to it, else None."""
     routing = engine.row_routing
     return cpu_streamed.build_id() if routing is not None and routing.streamed_rows else None
+
+
+def _attention_build(engine) -> Optional[str]:
+    """The CPU attention kernel's build (its name hashes its source) where the layers take
+    it (float32 on a CPU), else None: off, not built, another dtype, a GPU."""
+    takes_it = engine.device.type == "cpu" and engine.config.dtype == "float32"
+    return cpu_attention.build_id() if takes_it else None
 
 
 def _device(device: torch.device) -> dict:

@@ -48,7 +48,6 @@ from ..ops._cupy import kernel_dir
 from . import cpu_extensions
 
 SOURCE_NAME = "cpu_streamed_linear.cpp"
-CFLAGS = cpu_extensions.CFLAGS
 LANES = 16  # the kernel's inner dimension must be a multiple of this
 INT8_BLOCK = 32  # int8 weights per scale along the inner dimension (GGUF's Q8_0 blocks)
 Q4_BLOCK = 32  # 4-bit weights per scale and offset along the inner dimension (GGUF's Q4_1 blocks)
