@@ -11,6 +11,7 @@ import shutil
 from typing import Any, Optional
 
 import pytest
+import torch
 
 
 def can_build() -> bool:
@@ -33,10 +34,22 @@ def built_or_skip(built: Optional[Any], wanted: bool, what: str) -> Any:
 
 
 def fail_the_build(module: Any, monkeypatch, tmp_path) -> None:
-    """Makes `module` (cpu_streamed or cpu_attention) build anew from a folder without its
+    """Makes `module` (cpu_streamed, cpu_attention or cpu_amx) build anew from a folder without its
     source, so that the build fails; skips off x86-64, where nothing is built at all. The
     process's build is forgotten for the test and restored after."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("not built off x86-64 at all")
     monkeypatch.setattr(module, "_kernel", {})
     monkeypatch.setattr(module, "kernel_dir", lambda: tmp_path)
+
+
+def q4_1_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight as GGUF's Q4_1 blocks dequantize to, through the gguf package, with
+    a constant block and an all-zero one."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
+    values[0, :32] = 0.0
+    values[rows - 1, cols - 32:] = 0.37
+    packed = quantize(values, GGMLQuantizationType.Q4_1)
+    return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_1).copy()).float().reshape(rows, cols)

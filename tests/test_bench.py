@@ -24,6 +24,35 @@ def _bench(capsys, *argv) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+
+def test_an_env_variant_runs_each_engine_configuration_again_with_the_variable_set(tmp_path, capsys, monkeypatch):
+    """`--env-variant NAME=VALUE`: every engine configuration also runs as `<entry>
+    [NAME=VALUE]`, taking turns with the rest, the variable set only while it runs (and
+    put back after); `transformers` references run once."""
+    seen = []
+    original = bench.run_engine
+
+    def recording(engine, entry, reqs, *a, **kw):
+        seen.append((entry, bench.os.environ.get("SPECDEC_TEST_SWITCH")))
+        return original(engine, entry, reqs, *a, **kw)
+    monkeypatch.setattr(bench, "run_engine", recording)
+    monkeypatch.setenv("SPECDEC_TEST_SWITCH", "before")
+    report = tmp_path / "variant.json"
+    code, out = _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "1", "--output-tokens",
+                       "4", "--warmup", "0", "--no-progress", "--compare", "none,eagle3", "--dtype", "float64",
+                       "--env-variant", "SPECDEC_TEST_SWITCH=0", "--report-json", str(report))
+    assert code == 0
+    assert sorted(set(seen)) == [("eagle3", "0"), ("eagle3", "before"), ("none", "0"), ("none", "before")]
+    assert bench.os.environ["SPECDEC_TEST_SWITCH"] == "before"
+    labels = [run["label"] for run in json.loads(report.read_text())["runs"]]
+    assert labels == ["none", "eagle3", "none [SPECDEC_TEST_SWITCH=0]", "eagle3 [SPECDEC_TEST_SWITCH=0]"]
+    assert "eagle3 [SPECDEC_TEST_SWITCH=0]" in out
+    assert bench.label_entry("eagle3+lookup@8 [A=1]") == ("eagle3+lookup@8", ("A", "1"))
+    assert bench.label_entry("hf") == ("hf", None)
+    code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL), "--compare", "none,eagle3",
+                       "--env-variant", "NOVALUE"])
+    assert code == 2 and "--env-variant must be NAME=VALUE" in capsys.readouterr().err
+
 def test_latency_on_a_dataset_file(tmp_path, capsys):
     dataset = tmp_path / "ds.jsonl"
     dataset.write_text('{"task_id":0,"input_ids":[1,534,292,668],"output_tokens":8}\n'

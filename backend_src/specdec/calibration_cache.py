@@ -31,11 +31,11 @@ from typing import Optional
 import torch
 
 from .config import EngineConfig
-from .models import cpu_attention, cpu_streamed
+from .models import cpu_amx, cpu_attention, cpu_streamed
 from .step_cost import StepCost
 
 LOG = logging.getLogger("specdec")
-FORMAT = 4  # of the file; bump when `Calibration` or the fingerprint changes shape
+FORMAT = 5  # of the file; bump when `Calibration` or the fingerprint changes shape
 OFF = "off"
 # Config fields that change what calibration measures (the device, dtype, checkpoints and
 # context enter the fingerprint separately; the slots through the KV budget).
@@ -156,6 +156,7 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "streamed_rows": None if engine.row_routing is None else sorted(engine.row_routing.streamed_rows),
         "streamed_compact": cpu_streamed.compact_wanted(),  # exact weights read as compact copies
         "streamed_build": _streamed_build(engine),
+        "amx_build": _amx_build(engine),
         "cpu_attention": _attention_build(engine),
         "lm_head_routing": None if engine.head_routing is None else engine.head_routing.describe(),
         "num_slots": engine.num_slots,
@@ -174,6 +175,12 @@ def _streamed_build(engine) -> Optional[str]:
     the target's rows to it, else None."""
     routing = engine.row_routing
     return cpu_streamed.build_id() if routing is not None and routing.streamed_rows else None
+
+
+def _amx_build(engine) -> Optional[str]:
+    """The AMX kernel's build where the streamed kernel's calls of a few rows go to it (the
+    routing sends rows to the streamed kernel), else None."""
+    return cpu_amx.build_id() if _streamed_build(engine) is not None else None
 
 
 def _attention_build(engine) -> Optional[str]:

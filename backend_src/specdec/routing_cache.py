@@ -29,11 +29,11 @@ from typing import Optional
 import torch
 
 from .calibration_cache import cache_dir, cpu_model, write_atomically
-from .models import cpu_linear, cpu_streamed
+from .models import cpu_amx, cpu_linear, cpu_streamed
 from .models.cpu_linear import PackedCpuLinear, RowRouting, choose_row_paths, layer_shapes, measuring_wanted, route
 
 LOG = logging.getLogger("specdec")
-FORMAT = 3  # of the file; bump when it changes shape
+FORMAT = 4  # of the file; bump when it changes shape
 RECHECKED_ROWS = 1  # the row count a saved routing is timed again at, at each load (`_still_holds`)
 STALE_MARGIN = 0.25  # a saved routing's path this much slower there than the copy-free one: measured again,
 STALE_MIN_MS = 1.0  # if it is also this many ms slower (a small model's timings are noise at that scale)
@@ -95,14 +95,15 @@ def routing_cache_dir(setting: str) -> Optional[Path]:
 def fingerprint(layers: list[PackedCpuLinear]) -> dict:
     """What the routing depends on: the CPU, its threads, torch, how routing measures
     (`cpu_linear.py`'s source), how many MKL packs it may keep, the streamed kernel (its
-    build, or none, and whether it reads compact copies of exact weights) and the shapes
-    of the layers a forward calls."""
+    build, or none, and whether it reads compact copies of exact weights), the AMX kernel
+    it sends 4-bit calls of a few rows to (its build, or none) and the shapes of the
+    layers a forward calls."""
     source = Path(cpu_linear.__file__).read_bytes()
     kernel = cpu_linear.streamed_kernel_for(cpu_linear._called(layers))
     return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "mkl_packs": cpu_linear.mkl_packs_allowed(),
             "streamed": None if kernel is None else kernel.__name__, "streamed_compact": cpu_streamed.compact_wanted(),
-            "layers": layer_shapes(layers)}
+            "amx": None if kernel is None else cpu_amx.build_id(), "layers": layer_shapes(layers)}
 
 
 def _read(path: Path, fp: dict) -> Optional[RowRouting]:

@@ -41,6 +41,10 @@ take turns request by request; `--repeats R` passes over the requests R times so
 each speedup is then also given over the R paired passes: median, range and, from 6
 passes on, the median's distribution-free 95 % confidence interval (`repeats.py`),
 since one run's ratio on a shared 2-core VM moves by 10-20 %.
+`--env-variant NAME=VALUE` also runs every engine configuration with the environment
+variable NAME set to VALUE, as `<entry> [NAME=VALUE]`, taking turns with the others in the
+same process: an A/B of a switch the engine reads at each call (`SPECDEC_CPU_AMX=0`,
+`SPECDEC_CPU_ATTENTION=0`) that a VM's drift between two runs would drown.
 "same as none": greedy outputs must equal plain decoding token for token (below
 float64 a near-tie between two logits may flip an argmax between the tree and the
 plain forward, which sum in different orders; a mismatch is reported, not fatal).
@@ -437,6 +441,44 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
     return entries
 
 
+def variant_labels(args: argparse.Namespace, entries: list[str]) -> list[str]:
+    """The configurations run: `entries`, then with `--env-variant` each engine entry again
+    as `<entry> [NAME=VALUE]`."""
+    if not args.env_variant:
+        return entries
+    name, sep, value = args.env_variant.partition("=")
+    _validate_that(bool(sep) and name.isidentifier(), f"--env-variant must be NAME=VALUE, got {args.env_variant!r}")
+    return entries + [f"{e} [{name}={value}]" for e in entries if entry_method(e) in METHODS]
+
+
+def label_entry(label: str) -> tuple[str, Optional[tuple[str, str]]]:
+    """A run's entry and the environment variable it sets: `eagle3@8 [SPECDEC_CPU_AMX=0]` ->
+    (`eagle3@8`, (`SPECDEC_CPU_AMX`, `0`)); a plain entry -> (entry, None)."""
+    entry, sep, variant = label.partition(" [")
+    if not sep:
+        return label, None
+    name, _, value = variant.rstrip("]").partition("=")
+    return entry, (name, value)
+
+
+@contextlib.contextmanager
+def environment(variable: Optional[tuple[str, str]]):
+    """`variable` (NAME, VALUE) set in the environment while the block runs, then put back."""
+    if variable is None:
+        yield
+        return
+    name, value = variable
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def drafter_dirs(family: Path, methods) -> dict[str, str]:
     """EngineConfig's drafter folders for `methods`: {config parameter: folder in `family`}."""
     methods = {entry_method(m) for m in methods}
@@ -574,7 +616,7 @@ def engine_details(args: argparse.Namespace, entries: list[str], trees: dict[str
                    engine: Optional[Engine]) -> str:
     rows = [("Model", Path(args.family, "base").absolute()), ("Family", Path(args.family).absolute()),
             ("Mode", args.mode), ("Method" if len(entries) == 1 else "Compared", ", ".join(entries))]
-    rows += [(f"Tree ({e})", trees[e]) for e in entries if e != "none"]
+    rows += [(f"Tree ({e})", trees[e]) for e in entries if label_entry(e)[0] != "none"]
     rows.append(("Adaptive speculation", args.adaptive))
     note = getattr(engine, "load_note", None)
     if note:
@@ -853,6 +895,9 @@ def build_parser() -> argparse.ArgumentParser:
         cfg = p.add_argument_group("configuration")
         cfg.add_argument("--method", default="none", choices=METHODS)
         cfg.add_argument("--compare", help=f"comma-separated configurations, of: {', '.join(ENTRIES)}")
+        cfg.add_argument("--env-variant", metavar="NAME=VALUE",
+                         help="also run every engine configuration with this environment variable set, as "
+                              "'<entry> [NAME=VALUE]' (a switch the engine reads at each call)")
         cfg.add_argument("--choices", help="static tree of eagle/medusa: name, '{0},{0,0}', JSON or YAML file")
         cfg.add_argument("--eagle-total-tokens", type=int, default=None,
                          help="EAGLE-2/3 tree size incl. root (default 16; 0: chosen by timing at load)")
@@ -916,32 +961,36 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
 
     engine = build_engine(args, entries, reqs) if any(entry_method(e) in METHODS for e in entries) else None
     hf_models = load_hf_models(args, entries) if any(e in HF_ENTRIES for e in entries) else None
+    labels = variant_labels(args, entries)
     try:
-        trees = {e: describe_tree(e, engine, args) for e in entries}
+        trees = {label: describe_tree(label_entry(label)[0], engine, args) for label in labels}
     except InputError as e:
         raise BenchError(str(e)) from None
-    print(engine_details(args, entries, trees, machine, engine))
+    print(engine_details(args, labels, trees, machine, engine))
 
     warm = [reqs[i % len(reqs)] for i in range(args.warmup)]
     captured: dict[str, tuple[int, float]] = {}  # entry -> graphs captured while timed, seconds
     steps: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)  # entry -> Run.verify_steps
 
-    def run_entry(entry: str, batch: list[BenchRequest], progress, timed: bool = True
+    def run_entry(label: str, batch: list[BenchRequest], progress, timed: bool = True
                   ) -> tuple[list[RequestResult], float]:
+        entry, variable = label_entry(label)
         try:
             if entry_method(entry) not in METHODS:
                 return run_hf(entry, hf_models, batch, args, end_id, progress)
             before, steps_before = engine.graph_captures(), collections.Counter(engine.metrics.verify_steps)
-            out = run_engine(engine, entry, batch, args, end_id, progress)
+            with environment(variable):
+                out = run_engine(engine, entry, batch, args, end_id, progress)
             if timed:
-                steps[entry] += collections.Counter(engine.metrics.verify_steps) - steps_before
+                steps[label] += collections.Counter(engine.metrics.verify_steps) - steps_before
             if timed and args.cuda_graphs:
-                after, sofar = engine.graph_captures(), captured.get(entry, (0, 0.0))
-                captured[entry] = (sofar[0] + after[0] - before[0], sofar[1] + after[1] - before[1])
+                after, sofar = engine.graph_captures(), captured.get(label, (0, 0.0))
+                captured[label] = (sofar[0] + after[0] - before[0], sofar[1] + after[1] - before[1])
             return out
         except InputError as e:
-            raise BenchError(f"{entry}: {e}") from None
+            raise BenchError(f"{label}: {e}") from None
 
+    entries = labels  # from here on, each configuration run (with its variant, if any)
     interleave = args.mode == "latency" and len(entries) > 1 and not args.no_interleave
     repeats = getattr(args, "repeats", 1)
     _validate_that(repeats >= 1, f"--repeats must be >= 1, got {repeats}")
@@ -992,7 +1041,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         print(format_comparison(rows, greedy))
     for r in rows:
         same = r["same_as_none"]
-        if same is not None and not same["same"] and entry_method(r["label"]) in METHODS:
+        if same is not None and not same["same"] and entry_method(label_entry(r["label"])[0]) in METHODS:
             print(f"warning: {r['label']}: {same['total'] - same['equal']} of {same['total']} outputs differ "
                   f"from plain decoding (greedy; dtype {args.dtype}; first differing tokens at "
                   f"{same['first_differences']})", file=sys.stderr)

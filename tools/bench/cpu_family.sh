@@ -32,6 +32,10 @@
 #              per pass, its median and the median's 95 % confidence interval, into
 #              latency_repeats_<set>.md (the JSON, 60 KB a set with every request of every pass,
 #              goes to .cache/bench/)
+# amx          the repeats' requests and configurations (plain decoding, EAGLE-3 with trees of 3, 4
+#              and 8 nodes, transformers' prompt lookup), the engine's each also with
+#              SPECDEC_CPU_AMX=0 (the AMX kernel off), all taking turns in one process
+#              (bench.py --env-variant), into amx_<set>.md
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
 #              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
 #              fixed tree at batch 1 on these CPUs) beside them
@@ -125,6 +129,15 @@ for stage in "${stages[@]}"; do
           --eagle-total-tokens 16 --compare "${REPEATS_COMPARE:-none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup}" \
           --repeats "${REPEATS:-12}" \
           --markdown "$OUT/latency_repeats_$set.md" --report-json ".cache/bench/latency_repeats_$set.json"
+      done ;;
+    amx)
+      mkdir -p .cache/bench
+      for set in $SETS; do
+        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+          --eagle-total-tokens 16 --compare "${REPEATS_COMPARE:-none,eagle3@3,eagle3@4,eagle3@8,hf-prompt-lookup}" \
+          --repeats "${REPEATS:-3}" --env-variant SPECDEC_CPU_AMX=0 \
+          --markdown "$OUT/amx_$set.md" --report-json ".cache/bench/amx_$set.json"
       done ;;
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \

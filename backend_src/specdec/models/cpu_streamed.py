@@ -32,12 +32,16 @@ widens each weight as it loads it, so its results equal its results on the float
 weight bit for bit, for fewer bytes read (decode-time calls are bound by memory). A
 weight with no exact compact form is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0`
 keeps every weight in float32.
+
+On a CPU with AMX, 4-bit weights also get the AMX kernel's layout, and their calls of
+`cpu_amx.MIN_ROWS` rows or more (a tree's verify) go to it (`cpu_amx.py`): the same path
+for the routing, timed as one.
 """
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Optional
 
@@ -45,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops._cupy import kernel_dir
-from . import cpu_extensions
+from . import cpu_amx, cpu_extensions
 
 SOURCE_NAME = "cpu_streamed_linear.cpp"
 LANES = 16  # the kernel's inner dimension must be a multiple of this
@@ -93,11 +97,14 @@ class KernelWeight:
     exact compact copy (`compact_weight`): float16 or bfloat16 [N, K]; int8 [N, K] with
     `scales` [N, K / INT8_BLOCK] float32 (value = int8 * its block's scale); or 4-bit
     values packed two a byte, uint8 [N, K / 2], with `scales` and `offsets` [N, K /
-    Q4_BLOCK] float32 (value = q * scale + offset, q in [0, 15]; `q4_blocks` packs them)."""
+    Q4_BLOCK] float32 (value = q * scale + offset, q in [0, 15]; `q4_blocks` packs them).
+    A 4-bit weight may also come laid out for the AMX kernel (`tiles`, `cpu_amx.py`), which
+    takes its calls of `cpu_amx.MIN_ROWS` rows or more."""
 
     values: torch.Tensor
     scales: Optional[torch.Tensor] = None
     offsets: Optional[torch.Tensor] = None
+    tiles: Optional[cpu_amx.TiledWeight] = None
 
     @property
     def out_features(self) -> int:
@@ -115,7 +122,7 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
     else a bfloat16 copy, where every value survives exactly; else `weight` itself (also
     when `compact_wanted()` is false). The same values, so the same results, for fewer
     bytes read. Each form is tried on a few rows first, so that a weight without it costs
-    little."""
+    little. 4-bit blocks also get the AMX kernel's layout where it is available (`with_tiles`)."""
     if compact_wanted():
         probe = weight[:PROBE_ROWS]
         for form in (q4_blocks, int8_blocks, partial(_in_16_bits, dtype=torch.float16),
@@ -123,8 +130,17 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
             if form(probe) is not None:
                 found = form(weight)
                 if found is not None:
-                    return found
+                    return with_tiles(found)
     return KernelWeight(weight)
+
+
+def with_tiles(weight: KernelWeight) -> KernelWeight:
+    """`weight` with its AMX layout (`cpu_amx.tile_weight`) when it is 4-bit blocks whose shape
+    the AMX kernel takes and the kernel is available here; else `weight` as it is."""
+    if (weight.values.dtype != torch.uint8 or not cpu_amx.tileable(weight.out_features, weight.in_features)
+            or cpu_amx.amx_kernel() is None):
+        return weight
+    return replace(weight, tiles=cpu_amx.tile_weight(weight.values, weight.scales, weight.offsets))
 
 
 def _in_16_bits(weight: torch.Tensor, dtype: torch.dtype) -> Optional[KernelWeight]:
@@ -204,10 +220,15 @@ def eligible(weight: torch.Tensor) -> bool:
 def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor | KernelWeight,
                     bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [..., K] @ weight.T + bias through `kernel` (weight `eligible`, or what
-    `compact_weight` made of one): [..., N]."""
+    `compact_weight` made of one), or through the AMX kernel where the weight has its layout
+    and the call `cpu_amx.MIN_ROWS` rows or more: [..., N]."""
     if isinstance(weight, torch.Tensor):
         weight = KernelWeight(weight)
     flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, K]
+    if weight.tiles is not None and flat.shape[0] >= cpu_amx.MIN_ROWS:
+        amx = cpu_amx.amx_kernel()
+        if amx is not None:
+            return cpu_amx.amx_linear(amx, x, weight.tiles, bias)
     out = kernel.streamed_linear(flat, weight.values, bias, weight.scales, weight.offsets)  # [rows, N]
     return out.reshape(*x.shape[:-1], weight.out_features)
 

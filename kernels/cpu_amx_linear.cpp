@@ -1,0 +1,316 @@
+// A float32 linear over 4-bit block weights on Intel AMX tiles, for the few rows of a CPU
+// decode step.
+//
+//   y[m, n] = sum_k x[m, k] * w[n, k] + bias[n]      x [M, K], w [N, K], y [M, N]
+//   w[n, k] = q[n, k] * scale[n, b] + offset[n, b]   q in [0, 15], b = k / 32 (GGUF's Q4_1 blocks)
+//
+// Built at run time by specdec/models/cpu_amx.py (torch.utils.cpp_extension, -march of the
+// machine it runs on); its torch twin is F.linear on the dequantized weight. The streamed
+// kernel (cpu_streamed_linear.cpp) spends one vector multiply-add per 16 weights per row,
+// so a tree's 8 rows cost 2.6x one row's. AMX multiplies a 16 x 32 block of bfloat16 by a
+// 32 x 16 one in one instruction, so here rows come cheap and a call costs mostly what
+// widening the weights and adding up the blocks cost (cpu_amx.py has the timings).
+//
+// Per row m, block b and weight row n, with x split exactly into three bfloat16 parts
+// (x = hi + mid + lo: a float32's 24 significant bits, 8 a part):
+//   dot[m, n, b] = sum over the block's 32 k of (hi + mid + lo)[m, k] * q[n, k]
+// is one tile product per part (AMX's float32 accumulation; q and the parts are exact in
+// bfloat16, so every product is exact), and
+//   y[m, n] = sum over b, in order, of  dot[m, n, b] * scale[n, b] + offset[n, b] * xsum[m, b]
+// with xsum[m, b] the block's 32 values of x summed in a fixed order. A row's result does
+// not depend on the rows beside it in a call. It differs from F.linear's in the last bits
+// (another summation order; the offset multiplies the block's sum, not each value).
+//
+// The weight comes laid out for the tiles (cpu_amx.tile_weight), block by block: for block b
+// and 16 output features t, 256 bytes as 4 loads of 32 16-bit words, word 2n + j of load L
+// holding in its nibbles, lowest first, q[16 t + n, 32 b + 2 r + j] for r = L, L + 4, L + 8,
+// L + 12. A 16-bit permute of a load (shifted by 0, 4, 8, 12) gives the weight tile's row r
+// (bfloat16 pairs along k, AMX's B layout). Scales and offsets come [K / 32, N / 16, 16].
+//
+// Loop: each thread takes a range of feature tiles and splits x itself; block by block, x's
+// parts are loaded as tiles once and meet every feature tile of the range, whose sums wait
+// in a buffer. A tile load of lines just stored waits for the stores, so each unit (16
+// features of a block) is widened two units before its tile product, and its product is
+// added one unit after.
+//
+// Needs: AMX-BF16 and AVX-512BW in the build (else `available()` is false and the Python side
+// keeps to the streamed kernel), the OS's permission for tile data (asked once), x contiguous
+// float32 [M, K], N a multiple of 16 and K of 32.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
+#define SPECDEC_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+constexpr int64_t TILE_N = 16;      // output features a tile product gives
+constexpr int64_t BLOCK = 32;       // k per block (one scale and offset), one tile product's depth
+constexpr int64_t TILE_ROWS = 16;   // rows of x a tile holds
+constexpr int64_t CHUNK_BYTES = 256;  // a (16 features, block)'s 4-bit values
+constexpr int64_t PREFETCH_CHUNKS = 4;  // weight chunks fetched ahead of the one being widened
+
+#ifdef SPECDEC_AMX
+
+// The OS must grant a process the right to AMX's tile state before its first tile
+// instruction (Linux 5.16 on): asked once, false where it is refused.
+bool tiles_permitted() {
+  static const bool permitted = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return permitted;
+}
+
+struct TileConfig {  // ldtilecfg's 64 bytes (palette 1)
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0 and 5 the products (rows x 16 float32, taking turns), 1-3 x's parts (rows x 32
+// bfloat16), 4 and 6 the weights (16 bfloat16 pairs along k x 16 features, taking turns).
+void configure_tiles(int rows) {
+  TileConfig config;
+  for (int tile : {0, 1, 2, 3, 5}) {
+    config.bytes_per_row[tile] = 64;
+    config.rows[tile] = static_cast<uint8_t>(rows);
+  }
+  for (int tile : {4, 6}) {
+    config.bytes_per_row[tile] = 64;
+    config.rows[tile] = 16;
+  }
+  asm volatile("" : : "r"(&config) : "memory");  // the stores above must land: GCC 12 dropped them as dead
+  _tile_loadconfig(&config);
+}
+
+// bfloat16 of 0..15, twice (a 16-bit permute reads its index's low 5 bits, so the bit
+// above a nibble may be set).
+__m512i level_table() {
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; i++) {
+    const float value = static_cast<float>(i & 15);
+    uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    table[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return _mm512_load_si512(table);
+}
+
+// A chunk's 256 bytes as the B tile's 16 rows: 16-bit word i of load L holds rows L, L + 4,
+// L + 8 and L + 12's word i in its four nibbles, lowest first.
+inline void widen_chunk(const uint8_t* chunk, const __m512i& table, uint16_t* weights) {
+  for (int load = 0; load < 4; load++) {
+    const __m512i words = _mm512_loadu_si512(chunk + 64 * load);
+    _mm512_store_si512(weights + 32 * load, _mm512_permutexvar_epi16(words, table));
+    _mm512_store_si512(weights + 32 * (load + 4), _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table));
+    _mm512_store_si512(weights + 32 * (load + 8), _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), table));
+    _mm512_store_si512(weights + 32 * (load + 12), _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), table));
+  }
+}
+
+// The tile product of x's parts (tiles 1-3, loaded) and `weights` into `product`: through
+// product tile 0 and weight tile 4, or (ODD) 5 and 6, so that neighbouring units overlap
+// (the tile intrinsics take register numbers as literals).
+template <bool ODD>
+inline void tile_product(const uint16_t* weights, float* product) {
+  if constexpr (!ODD) {
+    _tile_loadd(4, weights, 64);
+    _tile_zero(0);
+    _tile_dpbf16ps(0, 1, 4);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_stored(0, product, 64);
+  } else {
+    _tile_loadd(6, weights, 64);
+    _tile_zero(5);
+    _tile_dpbf16ps(5, 1, 6);
+    _tile_dpbf16ps(5, 2, 6);
+    _tile_dpbf16ps(5, 3, 6);
+    _tile_stored(5, product, 64);
+  }
+}
+
+// acc[m] += product[m] * scale + offset * xs[m], rows m < MC: a unit's share of y.
+template <int MC>
+inline void add_product(const float* product, const float* scale, const float* offset, const float* xs, float* acc) {
+  const __m512 s = _mm512_loadu_ps(scale), o = _mm512_loadu_ps(offset);
+  for (int m = 0; m < MC; m++) {
+    const __m512 a = _mm512_fmadd_ps(_mm512_load_ps(product + TILE_N * m), s, _mm512_load_ps(acc + TILE_N * m));
+    _mm512_store_ps(acc + TILE_N * m, _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m]), a));
+  }
+}
+
+constexpr int RING = 4;     // widened chunks in flight
+constexpr int AHEAD = 2;    // a chunk is widened this many units before its tile product (a tile
+                            // load of lines just stored waits for the stores: 45 against 16 ns a unit)
+
+// Rows [m0, m0 + MC) of x (as parts `hi`, `mid`, `lo` [M, K] bfloat16 bits and block sums
+// `xsum` [M, K / 32]) against features [16 t0, 16 t1): y's columns there. Block by block,
+// x's parts are loaded once and meet every feature tile; the sums wait in `acc`. Each unit
+// (16 features of a block) goes through three stages a unit apart or more: widened AHEAD
+// units before its tile product, added to `acc` one unit after it.
+template <int MC>
+void tile_rows(const uint16_t* hi, const uint16_t* mid, const uint16_t* lo, const float* xsum, const uint8_t* q,
+               const float* scales, const float* offsets, float* y, int64_t K, int64_t N, int64_t m0, int64_t t0,
+               int64_t t1) {
+  const int64_t blocks = K / BLOCK, tiles = N / TILE_N;
+  const __m512i table = level_table();
+  alignas(64) uint16_t ring[RING][16 * 32];
+  alignas(64) float product[2][TILE_ROWS * TILE_N];
+  const size_t acc_bytes = (t1 - t0) * MC * TILE_N * sizeof(float);  // [t, m, 16], a multiple of 64
+  std::unique_ptr<float, decltype(&std::free)> acc_buffer(static_cast<float*>(std::aligned_alloc(64, acc_bytes)),
+                                                          &std::free);
+  TORCH_CHECK(acc_buffer, "out of memory");
+  float* acc = acc_buffer.get();
+  std::memset(acc, 0, acc_bytes);
+  float xs[MC];
+  configure_tiles(MC);
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t column = m0 * K + b * BLOCK;
+    _tile_loadd(1, hi + column, K * 2);
+    _tile_loadd(2, mid + column, K * 2);
+    _tile_loadd(3, lo + column, K * 2);
+    for (int m = 0; m < MC; m++) xs[m] = xsum[(m0 + m) * blocks + b];
+    const uint8_t* chunks = q + (b * tiles) * CHUNK_BYTES;
+    const float* sb = scales + (b * tiles) * TILE_N;
+    const float* ob = offsets + (b * tiles) * TILE_N;
+    auto widen = [&](int64_t t) {
+      if (t < t1) {
+        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES);
+        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES + 64);
+        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES + 128);
+        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES + 192);
+        widen_chunk(chunks + t * CHUNK_BYTES, table, ring[(t - t0) % RING]);
+      }
+    };
+    auto add = [&](int64_t t) {
+      add_product<MC>(product[(t - t0) & 1], sb + t * TILE_N, ob + t * TILE_N, xs, acc + (t - t0) * MC * TILE_N);
+    };
+    for (int64_t t = t0; t < t0 + AHEAD; t++) widen(t);
+    int64_t t = t0;
+    for (; t + 2 <= t1; t += 2) {
+      widen(t + AHEAD);
+      tile_product<false>(ring[(t - t0) % RING], product[0]);
+      if (t > t0) add(t - 1);
+      widen(t + 1 + AHEAD);
+      tile_product<true>(ring[(t + 1 - t0) % RING], product[1]);
+      add(t);
+    }
+    if (t < t1) {
+      tile_product<false>(ring[(t - t0) % RING], product[0]);
+      if (t > t0) add(t - 1);
+      add(t);
+    } else if (t > t0) {
+      add(t - 1);
+    }
+  }
+  _tile_release();
+  for (int64_t t = t0; t < t1; t++)
+    for (int m = 0; m < MC; m++)
+      std::memcpy(y + (m0 + m) * N + t * TILE_N, acc + ((t - t0) * MC + m) * TILE_N, TILE_N * sizeof(float));
+}
+
+template <int MC>
+void dispatch_rows(int rows, const uint16_t* hi, const uint16_t* mid, const uint16_t* lo, const float* xsum,
+                   const uint8_t* q, const float* scales, const float* offsets, float* y, int64_t K, int64_t N,
+                   int64_t m0, int64_t t0, int64_t t1) {
+  if constexpr (MC > 0) {
+    if (rows == MC) {
+      tile_rows<MC>(hi, mid, lo, xsum, q, scales, offsets, y, K, N, m0, t0, t1);
+    } else {
+      dispatch_rows<MC - 1>(rows, hi, mid, lo, xsum, q, scales, offsets, y, K, N, m0, t0, t1);
+    }
+  }
+}
+
+// x's three bfloat16 parts (each the top 8 significant bits of what the ones before left:
+// exact, so hi + mid + lo == x) and its block sums (32 values, a fixed order).
+void split_rows(const float* x, int64_t M, int64_t K, uint16_t* hi, uint16_t* mid, uint16_t* lo, float* xsum) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t i = 0; i < M * K; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+    const __m512 rest = _mm512_sub_ps(v, h);
+    const __m512 md = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
+    const __m512 l = _mm512_sub_ps(rest, md);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(h), 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(md), 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(l), 16)));
+  }
+  for (int64_t i = 0; i < M * K; i += BLOCK) {
+    xsum[i / BLOCK] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16)));
+  }
+}
+
+#endif  // SPECDEC_AMX
+
+}  // namespace
+
+bool available() {
+#ifdef SPECDEC_AMX
+  return tiles_permitted();
+#else
+  return false;
+#endif
+}
+
+torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales,
+                         const torch::Tensor& offsets, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(available(), "AMX tiles are not available here");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.device().is_cpu(),
+              "x [M, K] contiguous float32 on the CPU expected");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % BLOCK == 0, "K must be a multiple of ", BLOCK, ", got ", K);
+  TORCH_CHECK(q.scalar_type() == torch::kUInt8 && q.is_contiguous() && q.dim() == 3 && q.size(0) == K / BLOCK &&
+              q.size(2) == CHUNK_BYTES, "q [K / 32, N / 16, 256] uint8 (cpu_amx.tile_weight) expected");
+  const int64_t tiles = q.size(1), N = tiles * TILE_N;
+  for (const auto* blocks : {&scales, &offsets}) {
+    TORCH_CHECK(blocks->scalar_type() == torch::kFloat32 && blocks->is_contiguous() && blocks->dim() == 3 &&
+                blocks->size(0) == K / BLOCK && blocks->size(1) == tiles && blocks->size(2) == TILE_N,
+                "scales and offsets [K / 32, N / 16, 16] float32 expected");
+  }
+  auto y = torch::empty({M, N}, x.options());
+#ifdef SPECDEC_AMX
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* op = offsets.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 2, [&](int64_t t0, int64_t t1) {
+    // Each thread splits x itself: tile loads of lines another core just wrote wait on
+    // them one tile at a time (1 thread took 25 us over 576 x 576 and 8 rows, 2 took 28).
+    std::unique_ptr<uint16_t[]> parts(new uint16_t[3 * M * K]);
+    std::unique_ptr<float[]> xsum(new float[M * (K / BLOCK)]);
+    uint16_t* hi = parts.get();
+    uint16_t* mid = hi + M * K;
+    uint16_t* lo = mid + M * K;
+    split_rows(xp, M, K, hi, mid, lo, xsum.get());
+    for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS) {
+      const int rows = static_cast<int>(std::min<int64_t>(TILE_ROWS, M - m0));
+      dispatch_rows<TILE_ROWS>(rows, hi, mid, lo, xsum.get(), qp, sp, op, yp, K, N, m0, t0, t1);
+    }
+  });
+#endif
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("available", &available, "AMX tiles can be used here (built in and permitted by the OS)");
+  m.def("amx_linear", &amx_linear, "x @ w.T + bias in float32 over 4-bit block weights laid out for AMX tiles",
+        pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("scales"), pybind11::arg("offsets"),
+        pybind11::arg("bias") = pybind11::none());
+}
