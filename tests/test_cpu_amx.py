@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,19 +17,11 @@ from cpu_kernels import can_build, fail_the_build, q4_1_weight
 from specdec.models import cpu_amx, cpu_streamed
 
 
-def cpu_has_amx() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags and "amx_tile" in flags
-
-
 @pytest.fixture(scope="module")
 def kernel():
     built = cpu_amx.amx_kernel()
     if built is None:
-        assert not (cpu_has_amx() and can_build() and cpu_amx.wanted()), "the AMX kernel should be usable here"
+        assert not (cpu_amx.cpu_has_amx() and can_build() and cpu_amx.wanted()), "the AMX kernel should be usable here"
         pytest.skip("no AMX kernel on this machine")
     return built
 
@@ -98,6 +89,13 @@ def test_the_tile_layout_puts_every_weight_where_it_belongs(kernel):
     assert torch.equal(got, w.T)
 
 
+def test_a_cpu_without_amx_builds_nothing(monkeypatch):
+    monkeypatch.setattr(cpu_amx, "_kernel", {})
+    monkeypatch.setattr(cpu_amx, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(cpu_amx.cpu_extensions, "load", lambda *a: pytest.fail("built on a CPU without AMX"))
+    assert cpu_amx.amx_kernel() is None and cpu_amx.build_id() is None
+
+
 def test_shapes_it_refuses(kernel):
     w = tiled(q4_1_weight(32, 64))
     with pytest.raises(RuntimeError, match="multiple of 32"):
@@ -135,6 +133,7 @@ def test_the_streamed_path_sends_calls_of_enough_rows_to_it(kernel, monkeypatch)
 
 
 def test_a_failed_build_is_logged_and_4bit_weights_keep_to_the_streamed_kernel(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(cpu_amx, "cpu_has_amx", lambda: True)  # a build is tried on any CPU then
     fail_the_build(cpu_amx, monkeypatch, tmp_path)
     with caplog.at_level(logging.WARNING, logger="specdec"):
         assert cpu_amx.amx_kernel() is None

@@ -19,10 +19,10 @@ blocks, reordered), a second copy of the 4-bit weights beside the streamed kerne
 `cpu_streamed.compact_weight` makes it for 4-bit weights where the kernel is available,
 and `cpu_streamed.streamed_linear` sends calls of `MIN_ROWS` rows or more to it.
 
-It is built at the first 4-bit weight on a machine (`cpu_extensions.py`). It is available
-where the build has AMX-BF16 (`-march=native` on such a CPU) and the OS grants the process
-AMX's tile state (Linux 5.16 on); elsewhere, or without a compiler, `amx_kernel()` returns
-None and the streamed kernel takes every row count. `SPECDEC_CPU_AMX=0` never builds it.
+It is built at the first 4-bit weight on a CPU that reports AMX (`cpu_has_amx`;
+`cpu_extensions.py` builds it) and is available where the OS grants the process AMX's tile
+state (Linux 5.16 on); elsewhere, or without a compiler, `amx_kernel()` returns None and
+the streamed kernel takes every row count. `SPECDEC_CPU_AMX=0` never builds it.
 
 Its torch twin is `twin` (`F.linear` on the dequantized weight): results equal it up to
 float32 rounding (another summation order, and the offset multiplies a block's sum of
@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -66,11 +67,22 @@ def amx_kernel() -> Optional[Any]:
     if "module" in _kernel:  # built (or failed) already: no lock needed to read it
         return _kernel["module"]
     with _lock:
+        if "module" not in _kernel and not cpu_has_amx():
+            _kernel["module"] = None  # nothing to build for: no 35 s build on every other CPU
         if "module" not in _kernel:
             module = cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_amx_linear", "AMX linear",
                                          "4-bit matmuls keep to the streamed kernel")
             _kernel["module"] = module if module is not None and module.available() else None
         return _kernel["module"]
+
+
+def cpu_has_amx() -> bool:
+    """The CPU reports AMX's tiles and bfloat16 products (/proc/cpuinfo's flags, Linux)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"amx_tile", "amx_bf16"} <= flags
 
 
 def build_id() -> Optional[str]:
