@@ -1,8 +1,9 @@
-// A float32 linear over 4-bit block weights on Intel AMX tiles, for the few rows of a CPU
-// decode step.
+// A float32 linear over 4-bit or int8 block weights on Intel AMX tiles, for the few rows of
+// a CPU decode step.
 //
 //   y[m, n] = sum_k x[m, k] * w[n, k] + bias[n]      x [M, K], w [N, K], y [M, N]
 //   w[n, k] = q[n, k] * scale[n, b] + offset[n, b]   q in [0, 15], b = k / 32 (GGUF's Q4_1 blocks)
+//   w[n, k] = q[n, k] * scale[n, b]                  q in [-127, 127] (GGUF's Q8_0 blocks)
 //
 // Built at run time by specdec/models/cpu_amx.py (torch.utils.cpp_extension, -march of the
 // machine it runs on); its torch twin is F.linear on the dequantized weight. The streamed
@@ -17,7 +18,8 @@
 // is one tile product per part (AMX's float32 accumulation; q and the parts are exact in
 // bfloat16, so every product is exact), and
 //   y[m, n] = sum over b, in order, of  dot[m, n, b] * scale[n, b] + offset[n, b] * xsum[m, b]
-// with xsum[m, b] the block's 32 values of x summed in a fixed order. A row's result does
+// with xsum[m, b] the block's 32 values of x summed in a fixed order (int8 weights have no
+// offset, so no such term). A row's result does
 // not depend on the rows beside it in a call. It differs from F.linear's in the last bits
 // (another summation order; the offset multiplies the block's sum, not each value).
 //
@@ -25,11 +27,13 @@
 // and 16 output features t, 256 bytes as 4 loads of 32 16-bit words, word 2n + j of load L
 // holding in its nibbles, lowest first, q[16 t + n, 32 b + 2 r + j] for r = L, L + 4, L + 8,
 // L + 12. A 16-bit permute of a load (shifted by 0, 4, 8, 12) gives the weight tile's row r
-// (bfloat16 pairs along k, AMX's B layout). Scales and offsets come [K / 32, N / 16, 16].
+// (bfloat16 pairs along k, AMX's B layout). An int8 weight comes as 512 bytes per block and
+// 16 features: the weight tile's 16 rows of 32 values, widened through float32 to bfloat16.
+// Scales and offsets come [K / 32, N / 16, 16].
 //
-// Loop: each thread takes a range of feature tiles and splits x itself; block by block, x's
-// parts are loaded as tiles once and meet every feature tile of the range, whose sums wait
-// in a buffer. A tile load of lines just stored waits for the stores, so each unit (16
+// Loop: each thread takes a range of feature tiles and splits x itself; a span of that range
+// at a time (its sums fit in L1), block by block, x's parts are loaded as tiles once and
+// meet every feature tile of the span, whose sums wait in a buffer. A tile load of lines just stored waits for the stores, so each unit (16
 // features of a block) is widened two units before its tile product, and its product is
 // added one unit after.
 //
@@ -45,7 +49,7 @@
 #include <cstring>
 #include <memory>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #define SPECDEC_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -58,6 +62,8 @@ constexpr int64_t TILE_N = 16;      // output features a tile product gives
 constexpr int64_t BLOCK = 32;       // k per block (one scale and offset), one tile product's depth
 constexpr int64_t TILE_ROWS = 16;   // rows of x a tile holds
 constexpr int64_t CHUNK_BYTES = 256;  // a (16 features, block)'s 4-bit values
+constexpr int64_t INT8_CHUNK_BYTES = 512;  // a (16 features, block)'s int8 values
+constexpr int64_t SPAN_BYTES = 32 * 1024;  // the feature tiles' sums kept while blocks pass (L1)
 constexpr int64_t PREFETCH_CHUNKS = 4;  // weight chunks fetched ahead of the one being widened
 
 #ifdef SPECDEC_AMX
@@ -121,6 +127,17 @@ inline void widen_chunk(const uint8_t* chunk, const __m512i& table, uint16_t* we
   }
 }
 
+// An int8 chunk's 512 bytes as the B tile's 16 rows: row r's bytes are its 32 values in
+// order, each exact in bfloat16 (|q| <= 127 has 7 significant bits).
+inline void widen_int8_chunk(const uint8_t* chunk, uint16_t* weights) {
+  for (int r = 0; r < 16; r++) {
+    const __m128i* row = reinterpret_cast<const __m128i*>(chunk + 32 * r);
+    const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(row)));
+    const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(row + 1)));
+    _mm512_store_si512(weights + 32 * r, (__m512i)_mm512_cvtne2ps_pbh(second, first));
+  }
+}
+
 // The tile product of x's parts (tiles 1-3, loaded) and `weights` into `product`: through
 // product tile 0 and weight tile 4, or (ODD) 5 and 6, so that neighbouring units overlap
 // (the tile intrinsics take register numbers as literals).
@@ -143,13 +160,18 @@ inline void tile_product(const uint16_t* weights, float* product) {
   }
 }
 
-// acc[m] += product[m] * scale + offset * xs[m], rows m < MC: a unit's share of y.
-template <int MC>
+// acc[m] += product[m] * scale + offset * xs[m] (int8 weights: no offset), rows m < MC: a
+// unit's share of y.
+template <bool INT8, int MC>
 inline void add_product(const float* product, const float* scale, const float* offset, const float* xs, float* acc) {
-  const __m512 s = _mm512_loadu_ps(scale), o = _mm512_loadu_ps(offset);
+  const __m512 s = _mm512_loadu_ps(scale);
   for (int m = 0; m < MC; m++) {
     const __m512 a = _mm512_fmadd_ps(_mm512_load_ps(product + TILE_N * m), s, _mm512_load_ps(acc + TILE_N * m));
-    _mm512_store_ps(acc + TILE_N * m, _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m]), a));
+    if constexpr (INT8) {
+      _mm512_store_ps(acc + TILE_N * m, a);
+    } else {
+      _mm512_store_ps(acc + TILE_N * m, _mm512_fmadd_ps(_mm512_loadu_ps(offset), _mm512_set1_ps(xs[m]), a));
+    }
   }
 }
 
@@ -158,80 +180,86 @@ constexpr int AHEAD = 2;    // a chunk is widened this many units before its til
                             // load of lines just stored waits for the stores: 45 against 16 ns a unit)
 
 // Rows [m0, m0 + MC) of x (as parts `hi`, `mid`, `lo` [M, K] bfloat16 bits and block sums
-// `xsum` [M, K / 32]) against features [16 t0, 16 t1): y's columns there. Block by block,
-// x's parts are loaded once and meet every feature tile; the sums wait in `acc`. Each unit
-// (16 features of a block) goes through three stages a unit apart or more: widened AHEAD
-// units before its tile product, added to `acc` one unit after it.
-template <int MC>
+// `xsum` [M, K / 32]) against features [16 t0, 16 t1) of 4-bit (or INT8) weights: y's
+// columns there. A span of feature tiles at a time (their sums, MC x 16 floats a tile, fill
+// at most SPAN_BYTES), block by block: x's parts are loaded once and meet every feature
+// tile of the span, whose sums wait in `acc`. Each unit (16 features of a block) goes
+// through three stages a unit apart or more: widened AHEAD units before its tile product,
+// added to `acc` one unit after it.
+template <bool INT8, int MC>
 void tile_rows(const uint16_t* hi, const uint16_t* mid, const uint16_t* lo, const float* xsum, const uint8_t* q,
                const float* scales, const float* offsets, float* y, int64_t K, int64_t N, int64_t m0, int64_t t0,
                int64_t t1) {
+  constexpr int64_t chunk_bytes = INT8 ? INT8_CHUNK_BYTES : CHUNK_BYTES;
+  constexpr int64_t span = std::max<int64_t>(2, SPAN_BYTES / (MC * TILE_N * 4));
   const int64_t blocks = K / BLOCK, tiles = N / TILE_N;
   const __m512i table = level_table();
   alignas(64) uint16_t ring[RING][16 * 32];
   alignas(64) float product[2][TILE_ROWS * TILE_N];
-  const size_t acc_bytes = (t1 - t0) * MC * TILE_N * sizeof(float);  // [t, m, 16], a multiple of 64
-  std::unique_ptr<float, decltype(&std::free)> acc_buffer(static_cast<float*>(std::aligned_alloc(64, acc_bytes)),
-                                                          &std::free);
-  TORCH_CHECK(acc_buffer, "out of memory");
-  float* acc = acc_buffer.get();
-  std::memset(acc, 0, acc_bytes);
+  alignas(64) float acc[span * MC * TILE_N];  // [t - s0, m, 16]
   float xs[MC];
   configure_tiles(MC);
-  for (int64_t b = 0; b < blocks; b++) {
-    const int64_t column = m0 * K + b * BLOCK;
-    _tile_loadd(1, hi + column, K * 2);
-    _tile_loadd(2, mid + column, K * 2);
-    _tile_loadd(3, lo + column, K * 2);
-    for (int m = 0; m < MC; m++) xs[m] = xsum[(m0 + m) * blocks + b];
-    const uint8_t* chunks = q + (b * tiles) * CHUNK_BYTES;
-    const float* sb = scales + (b * tiles) * TILE_N;
-    const float* ob = offsets + (b * tiles) * TILE_N;
-    auto widen = [&](int64_t t) {
-      if (t < t1) {
-        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES);
-        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES + 64);
-        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES + 128);
-        __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * CHUNK_BYTES + 192);
-        widen_chunk(chunks + t * CHUNK_BYTES, table, ring[(t - t0) % RING]);
+  for (int64_t s0 = t0; s0 < t1; s0 += span) {
+    const int64_t s1 = std::min(t1, s0 + span);
+    std::memset(acc, 0, sizeof(float) * (s1 - s0) * MC * TILE_N);
+    for (int64_t b = 0; b < blocks; b++) {
+      const int64_t column = m0 * K + b * BLOCK;
+      _tile_loadd(1, hi + column, K * 2);
+      _tile_loadd(2, mid + column, K * 2);
+      _tile_loadd(3, lo + column, K * 2);
+      for (int m = 0; m < MC; m++) xs[m] = xsum[(m0 + m) * blocks + b];
+      const uint8_t* chunks = q + (b * tiles) * chunk_bytes;
+      const float* sb = scales + (b * tiles) * TILE_N;
+      const float* ob = INT8 ? nullptr : offsets + (b * tiles) * TILE_N;
+      auto widen = [&](int64_t t) {
+        if (t < s1) {
+          for (int64_t line = 0; line < chunk_bytes; line += 64)
+            __builtin_prefetch(chunks + (t + PREFETCH_CHUNKS) * chunk_bytes + line);
+          if constexpr (INT8) {
+            widen_int8_chunk(chunks + t * chunk_bytes, ring[(t - s0) % RING]);
+          } else {
+            widen_chunk(chunks + t * chunk_bytes, table, ring[(t - s0) % RING]);
+          }
+        }
+      };
+      auto add = [&](int64_t t) {
+        add_product<INT8, MC>(product[(t - s0) & 1], sb + t * TILE_N, INT8 ? nullptr : ob + t * TILE_N, xs,
+                              acc + (t - s0) * MC * TILE_N);
+      };
+      for (int64_t t = s0; t < s0 + AHEAD; t++) widen(t);
+      int64_t t = s0;
+      for (; t + 2 <= s1; t += 2) {
+        widen(t + AHEAD);
+        tile_product<false>(ring[(t - s0) % RING], product[0]);
+        if (t > s0) add(t - 1);
+        widen(t + 1 + AHEAD);
+        tile_product<true>(ring[(t + 1 - s0) % RING], product[1]);
+        add(t);
       }
-    };
-    auto add = [&](int64_t t) {
-      add_product<MC>(product[(t - t0) & 1], sb + t * TILE_N, ob + t * TILE_N, xs, acc + (t - t0) * MC * TILE_N);
-    };
-    for (int64_t t = t0; t < t0 + AHEAD; t++) widen(t);
-    int64_t t = t0;
-    for (; t + 2 <= t1; t += 2) {
-      widen(t + AHEAD);
-      tile_product<false>(ring[(t - t0) % RING], product[0]);
-      if (t > t0) add(t - 1);
-      widen(t + 1 + AHEAD);
-      tile_product<true>(ring[(t + 1 - t0) % RING], product[1]);
-      add(t);
+      if (t < s1) {
+        tile_product<false>(ring[(t - s0) % RING], product[0]);
+        if (t > s0) add(t - 1);
+        add(t);
+      } else if (t > s0) {
+        add(t - 1);
+      }
     }
-    if (t < t1) {
-      tile_product<false>(ring[(t - t0) % RING], product[0]);
-      if (t > t0) add(t - 1);
-      add(t);
-    } else if (t > t0) {
-      add(t - 1);
-    }
+    for (int64_t t = s0; t < s1; t++)
+      for (int m = 0; m < MC; m++)
+        std::memcpy(y + (m0 + m) * N + t * TILE_N, acc + ((t - s0) * MC + m) * TILE_N, TILE_N * sizeof(float));
   }
   _tile_release();
-  for (int64_t t = t0; t < t1; t++)
-    for (int m = 0; m < MC; m++)
-      std::memcpy(y + (m0 + m) * N + t * TILE_N, acc + ((t - t0) * MC + m) * TILE_N, TILE_N * sizeof(float));
 }
 
-template <int MC>
+template <bool INT8, int MC>
 void dispatch_rows(int rows, const uint16_t* hi, const uint16_t* mid, const uint16_t* lo, const float* xsum,
                    const uint8_t* q, const float* scales, const float* offsets, float* y, int64_t K, int64_t N,
                    int64_t m0, int64_t t0, int64_t t1) {
   if constexpr (MC > 0) {
     if (rows == MC) {
-      tile_rows<MC>(hi, mid, lo, xsum, q, scales, offsets, y, K, N, m0, t0, t1);
+      tile_rows<INT8, MC>(hi, mid, lo, xsum, q, scales, offsets, y, K, N, m0, t0, t1);
     } else {
-      dispatch_rows<MC - 1>(rows, hi, mid, lo, xsum, q, scales, offsets, y, K, N, m0, t0, t1);
+      dispatch_rows<INT8, MC - 1>(rows, hi, mid, lo, xsum, q, scales, offsets, y, K, N, m0, t0, t1);
     }
   }
 }
@@ -268,16 +296,20 @@ bool available() {
 }
 
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales,
-                         const torch::Tensor& offsets, const c10::optional<torch::Tensor>& bias) {
+                         const c10::optional<torch::Tensor>& offsets, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(available(), "AMX tiles are not available here");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.device().is_cpu(),
               "x [M, K] contiguous float32 on the CPU expected");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % BLOCK == 0, "K must be a multiple of ", BLOCK, ", got ", K);
-  TORCH_CHECK(q.scalar_type() == torch::kUInt8 && q.is_contiguous() && q.dim() == 3 && q.size(0) == K / BLOCK &&
-              q.size(2) == CHUNK_BYTES, "q [K / 32, N / 16, 256] uint8 (cpu_amx.tile_weight) expected");
+  const bool int8 = q.scalar_type() == torch::kInt8;
+  TORCH_CHECK((q.scalar_type() == torch::kUInt8 || int8) && q.is_contiguous() && q.dim() == 3 &&
+              q.size(0) == K / BLOCK && q.size(2) == (int8 ? INT8_CHUNK_BYTES : CHUNK_BYTES),
+              "q [K / 32, N / 16, 256] uint8 (4-bit) or [K / 32, N / 16, 512] int8 (cpu_amx.tile_weight) expected");
+  const bool has_offsets = offsets.has_value() && offsets->defined();
+  TORCH_CHECK(has_offsets != int8, "4-bit weights need offsets, and only they take them");
   const int64_t tiles = q.size(1), N = tiles * TILE_N;
-  for (const auto* blocks : {&scales, &offsets}) {
+  for (const torch::Tensor* blocks : {&scales, has_offsets ? &*offsets : &scales}) {
     TORCH_CHECK(blocks->scalar_type() == torch::kFloat32 && blocks->is_contiguous() && blocks->dim() == 3 &&
                 blocks->size(0) == K / BLOCK && blocks->size(1) == tiles && blocks->size(2) == TILE_N,
                 "scales and offsets [K / 32, N / 16, 16] float32 expected");
@@ -285,9 +317,9 @@ torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& q, const t
   auto y = torch::empty({M, N}, x.options());
 #ifdef SPECDEC_AMX
   const float* xp = x.data_ptr<float>();
-  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr());
   const float* sp = scales.data_ptr<float>();
-  const float* op = offsets.data_ptr<float>();
+  const float* op = has_offsets ? offsets->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, tiles, 2, [&](int64_t t0, int64_t t1) {
     // Each thread splits x itself: tile loads of lines another core just wrote wait on
@@ -300,7 +332,11 @@ torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& q, const t
     split_rows(xp, M, K, hi, mid, lo, xsum.get());
     for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(TILE_ROWS, M - m0));
-      dispatch_rows<TILE_ROWS>(rows, hi, mid, lo, xsum.get(), qp, sp, op, yp, K, N, m0, t0, t1);
+      if (int8) {
+        dispatch_rows<true, TILE_ROWS>(rows, hi, mid, lo, xsum.get(), qp, sp, op, yp, K, N, m0, t0, t1);
+      } else {
+        dispatch_rows<false, TILE_ROWS>(rows, hi, mid, lo, xsum.get(), qp, sp, op, yp, K, N, m0, t0, t1);
+      }
     }
   });
 #endif
@@ -310,7 +346,8 @@ torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& q, const t
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &available, "AMX tiles can be used here (built in and permitted by the OS)");
-  m.def("amx_linear", &amx_linear, "x @ w.T + bias in float32 over 4-bit block weights laid out for AMX tiles",
-        pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("scales"), pybind11::arg("offsets"),
+  m.def("amx_linear", &amx_linear,
+        "x @ w.T + bias in float32 over 4-bit or int8 block weights laid out for AMX tiles",
+        pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("scales"), pybind11::arg("offsets") = pybind11::none(),
         pybind11::arg("bias") = pybind11::none());
 }

@@ -53,3 +53,15 @@ def q4_1_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     values[rows - 1, cols - 32:] = 0.37
     packed = quantize(values, GGMLQuantizationType.Q4_1)
     return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_1).copy()).float().reshape(rows, cols)
+
+
+def q8_0_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight as GGUF's Q8_0 blocks dequantize to, through the gguf package
+    (its quantizer and dequantizer, as tools/convert_gguf.py reads a GGUF)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
+    if cols > 32:
+        values[0, :32] = 0.0  # an all-zero block (not the whole row: that one is 4-bit exact)
+    packed = quantize(values, GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q8_0).copy()).float().reshape(rows, cols)

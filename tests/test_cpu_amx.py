@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels import can_build, fail_the_build, q4_1_weight
+from cpu_kernels import can_build, fail_the_build, q4_1_weight, q8_0_weight
 from specdec.models import cpu_amx, cpu_streamed
 
 
@@ -27,19 +27,27 @@ def kernel():
 
 
 def tiled(w: torch.Tensor) -> cpu_amx.TiledWeight:
+    """The AMX layout of a weight as GGUF's Q4_1 blocks (4-bit) or Q8_0 blocks (int8) dequantize to."""
     blocks = cpu_streamed.q4_blocks(w)
+    if blocks is not None:
+        return cpu_amx.tile_weight(blocks.values, blocks.scales, blocks.offsets)
+    blocks = cpu_streamed.int8_blocks(w)
     assert blocks is not None
-    return cpu_amx.tile_weight(blocks.values, blocks.scales, blocks.offsets)
+    return cpu_amx.tile_int8(blocks.values, blocks.scales)
 
 
+MAKE = {"Q4_1": q4_1_weight, "Q8_0": q8_0_weight}
+
+
+@pytest.mark.parametrize("form", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 8, 15, 16, 17, 33])
 @pytest.mark.parametrize("shape", [(576, 960), (1536, 576), (32, 16), (64, 48)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_equals_its_twin(kernel, rows, shape, bias):
+def test_kernel_equals_its_twin(kernel, form, rows, shape, bias):
     """Within float32 rounding of the float64 product, as F.linear is (17 and 33 rows take
     two and three tiles of rows; 16 and 48 outputs one and three feature tiles)."""
     in_features, out_features = shape
-    w = q4_1_weight(out_features, in_features, seed=rows)
+    w = MAKE[form](out_features, in_features, seed=rows)
     b = torch.randn(out_features) if bias else None
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
     got = cpu_amx.amx_linear(kernel, x, tiled(w), b)
@@ -51,10 +59,11 @@ def test_kernel_equals_its_twin(kernel, rows, shape, bias):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kernel):
+@pytest.mark.parametrize("form", ["Q4_1", "Q8_0"])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kernel, form):
     """Bit for bit: each row alone, all 21 together (two tiles of rows), shuffled, and
     beside a row of huge values."""
-    w = tiled(q4_1_weight(64, 96, seed=3))
+    w = tiled(MAKE[form](64, 96, seed=3))
     rows = torch.randn(21, 96, generator=torch.Generator().manual_seed(4))
     together = kernel.amx_linear(rows, w.q, w.scales, w.offsets)
     alone = torch.cat([kernel.amx_linear(rows[i:i + 1].contiguous(), w.q, w.scales, w.offsets) for i in range(21)])
@@ -80,11 +89,12 @@ def test_each_input_is_taken_whole(kernel):
     assert torch.equal(got[2], torch.full((16,), values[2].item()))
 
 
-def test_the_tile_layout_puts_every_weight_where_it_belongs(kernel):
+@pytest.mark.parametrize("form", ["Q4_1", "Q8_0"])
+def test_the_tile_layout_puts_every_weight_where_it_belongs(kernel, form):
     """One-hot inputs read each weight back on its own, bit for bit: q * scale is exact and
-    the offset is added once, as the 4-bit weight's float32 value is made (GGUF's Q4_1),
-    so the layout's every nibble, feature tile and block is checked."""
-    w = q4_1_weight(48, 96, seed=7)
+    a 4-bit block's offset is added once, as the weight's float32 value is made (GGUF's Q4_1
+    and Q8_0), so the layout's every value, feature tile and block is checked."""
+    w = MAKE[form](48, 96, seed=7)
     got = kernel.amx_linear(torch.eye(96), *dataclasses.astuple(tiled(w)))  # [inputs, outputs]
     assert torch.equal(got, w.T)
 
@@ -106,12 +116,17 @@ def test_shapes_it_refuses(kernel):
         kernel.amx_linear(torch.randn(2, 64), w.q, w.scales[:, :1].contiguous(), w.offsets)
     with pytest.raises(RuntimeError, match="float32"):
         kernel.amx_linear(torch.randn(2, 64).double(), w.q, w.scales, w.offsets)
+    with pytest.raises(RuntimeError, match="need offsets"):
+        kernel.amx_linear(torch.randn(2, 64), w.q, w.scales)
+    int8 = tiled(q8_0_weight(32, 64))
+    with pytest.raises(RuntimeError, match="only they take them"):
+        kernel.amx_linear(torch.randn(2, 64), int8.q, int8.scales, int8.scales)
 
 
 def test_the_streamed_path_sends_calls_of_enough_rows_to_it(kernel, monkeypatch):
-    """4-bit weights of shapes it takes get its layout; calls of MIN_ROWS rows or more take it,
-    fewer keep to the streamed kernel (each bit for bit). Other forms, other shapes and
-    SPECDEC_CPU_AMX=0 keep to the streamed kernel."""
+    """4-bit and int8 weights of shapes it takes get its layout; calls of MIN_ROWS rows or
+    more take it, fewer keep to the streamed kernel (each bit for bit). Other forms, other
+    shapes and SPECDEC_CPU_AMX=0 keep to the streamed kernel."""
     streamed = cpu_streamed.streamed_kernel()
     if streamed is None:
         pytest.skip("no streamed kernel")
@@ -126,6 +141,11 @@ def test_the_streamed_path_sends_calls_of_enough_rows_to_it(kernel, monkeypatch)
                  else cpu_streamed.streamed_linear(streamed, x, plain, None))
         assert torch.equal(got, taken)
     assert cpu_streamed.compact_weight(q4_1_weight(8, 96)).tiles is None  # 8 outputs: no feature tile
+    int8 = cpu_streamed.compact_weight(q8_0_weight(64, 96))
+    assert int8.values.dtype == torch.int8 and int8.tiles is not None and int8.tiles.offsets is None
+    x = torch.randn(cpu_amx.MIN_ROWS, 96)
+    assert torch.equal(cpu_streamed.streamed_linear(streamed, x, int8, None),
+                       cpu_amx.amx_linear(kernel, x, int8.tiles, None))
     assert cpu_streamed.compact_weight(torch.randn(64, 96).half().float()).tiles is None  # a 16-bit form
     monkeypatch.setenv("SPECDEC_CPU_AMX", "0")
     assert cpu_amx.amx_kernel() is None and cpu_amx.build_id() is None

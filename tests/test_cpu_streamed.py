@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cpu_kernels import built_or_skip, fail_the_build, q4_1_weight
+from cpu_kernels import built_or_skip, fail_the_build, q4_1_weight, q8_0_weight
 from specdec.models import cpu_linear, cpu_streamed
 from specdec.models.cpu_linear import COPY_MARGIN, ROW_LADDER, RowRouting, plan_paths, use_packed_cpu_linears
 
@@ -169,18 +169,6 @@ def test_compact_weight_only_where_exact(monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_STREAMED_COMPACT", "0")
     for exact in (half, blocks, four_bit):
         assert cpu_streamed.compact_weight(exact).values is exact
-
-
-def q8_0_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    """A float32 weight as GGUF's Q8_0 blocks dequantize to, through the gguf package
-    (its quantizer and dequantizer, as tools/convert_gguf.py reads a GGUF)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quantize
-    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
-    if cols > 32:
-        values[0, :32] = 0.0  # an all-zero block (not the whole row: that one is 4-bit exact)
-    packed = quantize(values, GGMLQuantizationType.Q8_0)
-    return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q8_0).copy()).float().reshape(rows, cols)
 
 
 def widened(weight: cpu_streamed.KernelWeight) -> torch.Tensor:

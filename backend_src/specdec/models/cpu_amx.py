@@ -1,23 +1,26 @@
-"""A float32 linear over 4-bit block weights on Intel AMX tiles (kernels/cpu_amx_linear.cpp).
+"""A float32 linear over 4-bit and int8 block weights on Intel AMX tiles (kernels/cpu_amx_linear.cpp).
 
-The target's decoder layers are GGUF Q4_1 blocks, which the streamed kernel
-(`cpu_streamed.py`) reads 4 bits a weight and widens to float32: one vector multiply-add
-per 16 weights and row, so its calls cost about 2.6x one row's at 8 rows, and a tree
-verify pays for it. A CPU with AMX (Intel Sapphire Rapids on) multiplies a 16 x 32 block
-of bfloat16 by a 32 x 16 one in one instruction. Each 4-bit value is exact in bfloat16 and
-each float32 input is the exact sum of three bfloat16 parts, so three tile products give a
-block's dot products in float32 as the streamed kernel's multiply-adds do; a block's scale
-and offset are applied after (the source says how). On the 2-core Xeon VM the target's
-120 layer matmuls took 3.6 / 3.7 / 4.4 / 5.4 / 6.8 ms over 1 / 2 / 4 / 8 / 16 rows against
-the streamed kernel's 3.6 / 4.3 / 6.1 / 9.6 / 19.3 with hot caches
-(tools/bench/streamed_kernel_rows.py); at a load's routing timings, where a forward's other
-work leaves the caches cold, the streamed path took 7.5 / 8.8 / 10.9 ms over 4 / 8 / 16 rows
-with it and 7.5 / 11.1 / 20.5 without. So calls of `MIN_ROWS` rows or more take it.
+The target's decoder layers are GGUF Q4_1 blocks and its LM head Q8_0 blocks, which the
+streamed kernel (`cpu_streamed.py`) reads as 4-bit and int8 values and widens to float32:
+one vector multiply-add per 16 weights and row, so its calls cost about 2.6x one row's at
+8 rows, and a tree verify pays for it. A CPU with AMX (Intel Sapphire Rapids on)
+multiplies a 16 x 32 block of bfloat16 by a 32 x 16 one in one instruction. Each 4-bit or
+int8 value is exact in bfloat16 and each float32 input is the exact sum of three bfloat16
+parts, so three tile products give a block's dot products in float32 as the streamed
+kernel's multiply-adds do; a block's scale (and offset) are applied after (the source says
+how). On the 2-core Xeon VM the target's 120 layer matmuls took 3.6 / 3.7 / 4.4 / 5.4 /
+6.8 ms over 1 / 2 / 4 / 8 / 16 rows against the streamed kernel's 3.6 / 4.3 / 6.1 / 9.6 /
+19.3 with hot caches, its LM head 1.0 / 1.1 / 1.4 / 1.8 against 0.9 / 1.5 / 2.5 / 4.9 over
+1 / 4 / 8 / 16 rows (ad hoc, tools/bench/streamed_kernel_rows.py times both); at a load's
+routing timings, where a forward's other work leaves the caches cold, the target's layers
+took 7.5 / 8.8 / 10.9 ms over 4 / 8 / 16 rows with it and 7.5 / 11.1 / 20.5 without. So
+calls of `MIN_ROWS` rows or more take it.
 
-The weight is laid out for the tiles once (`tile_weight`: the same bytes as the 4-bit
-blocks, reordered), a second copy of the 4-bit weights beside the streamed kernel's.
-`cpu_streamed.compact_weight` makes it for 4-bit weights where the kernel is available,
-and `cpu_streamed.streamed_linear` sends calls of `MIN_ROWS` rows or more to it.
+The weight is laid out for the tiles once (`tile_weight`, `tile_int8`: the same bytes as
+the blocks, reordered), a second copy beside the streamed kernel's (the target's layers
+80 MB, its LM head 32 MB). `cpu_streamed.compact_weight` makes it for 4-bit and int8 weights
+where the kernel is available, and `cpu_streamed.streamed_linear` sends calls of
+`MIN_ROWS` rows or more to it.
 
 It is built at the first 4-bit weight on a CPU that reports AMX (`cpu_has_amx`;
 `cpu_extensions.py` builds it) and is available where the OS grants the process AMX's tile
@@ -94,12 +97,13 @@ def build_id() -> Optional[str]:
 
 @dataclass(frozen=True)
 class TiledWeight:
-    """A 4-bit weight [N, K] laid out for the kernel (`tile_weight`): `q` [K / 32, N / 16, 256]
-    uint8, `scales` and `offsets` [K / 32, N / 16, 16] float32."""
+    """A weight [N, K] laid out for the kernel: 4-bit (`tile_weight`), `q` [K / 32, N / 16, 256]
+    uint8 with `scales` and `offsets` [K / 32, N / 16, 16] float32; or int8 (`tile_int8`), `q`
+    [K / 32, N / 16, 512] int8 with `scales` and no offsets."""
 
     q: torch.Tensor
     scales: torch.Tensor
-    offsets: torch.Tensor
+    offsets: Optional[torch.Tensor] = None
 
     @property
     def out_features(self) -> int:
@@ -134,6 +138,18 @@ def tile_weight(values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tenso
     def by_tile(blocks_nb: torch.Tensor) -> torch.Tensor:  # [N, B] -> [B, T, 16]
         return blocks_nb.reshape(T, TILE_FEATURES, B).permute(2, 0, 1).contiguous()
     return TiledWeight(packed, by_tile(scales), by_tile(offsets))
+
+
+def tile_int8(values: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
+    """int8 blocks as `cpu_streamed.int8_blocks` makes them (values [N, K] int8, scales [N, K /
+    32]; the LM head) laid out for the kernel: for features t (16 of them) and block b, 512
+    bytes, the weight tile's 16 rows of 32 values each, row r's value 2n + j being the
+    block's value 2r + j of feature 16 t + n."""
+    N, K = values.shape
+    T, B = N // TILE_FEATURES, K // BLOCK
+    # k = 32 b + 2 r + j  ->  [b, t, r, n, j]
+    packed = values.reshape(T, TILE_FEATURES, B, BLOCK // 2, 2).permute(2, 0, 3, 1, 4).reshape(B, T, 512)
+    return TiledWeight(packed.contiguous(), scales.reshape(T, TILE_FEATURES, B).permute(2, 0, 1).contiguous())
 
 
 def amx_linear(kernel: Any, x: torch.Tensor, weight: TiledWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -33,9 +33,9 @@ weight bit for bit, for fewer bytes read (decode-time calls are bound by memory)
 weight with no exact compact form is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0`
 keeps every weight in float32.
 
-On a CPU with AMX, 4-bit weights also get the AMX kernel's layout, and their calls of
-`cpu_amx.MIN_ROWS` rows or more (a tree's verify) go to it (`cpu_amx.py`): the same path
-for the routing, timed as one.
+On a CPU with AMX, 4-bit and int8 weights also get the AMX kernel's layout, and their
+calls of `cpu_amx.MIN_ROWS` rows or more (a tree's verify) go to it (`cpu_amx.py`): the
+same path for the routing, timed as one.
 """
 from __future__ import annotations
 
@@ -98,8 +98,8 @@ class KernelWeight:
     `scales` [N, K / INT8_BLOCK] float32 (value = int8 * its block's scale); or 4-bit
     values packed two a byte, uint8 [N, K / 2], with `scales` and `offsets` [N, K /
     Q4_BLOCK] float32 (value = q * scale + offset, q in [0, 15]; `q4_blocks` packs them).
-    A 4-bit weight may also come laid out for the AMX kernel (`tiles`, `cpu_amx.py`), which
-    takes its calls of `cpu_amx.MIN_ROWS` rows or more."""
+    A 4-bit or int8 weight may also come laid out for the AMX kernel (`tiles`, `cpu_amx.py`),
+    which takes its calls of `cpu_amx.MIN_ROWS` rows or more."""
 
     values: torch.Tensor
     scales: Optional[torch.Tensor] = None
@@ -135,11 +135,14 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
 
 
 def with_tiles(weight: KernelWeight) -> KernelWeight:
-    """`weight` with its AMX layout (`cpu_amx.tile_weight`) when it is 4-bit blocks whose shape
-    the AMX kernel takes and the kernel is available here; else `weight` as it is."""
-    if (weight.values.dtype != torch.uint8 or not cpu_amx.tileable(weight.out_features, weight.in_features)
-            or cpu_amx.amx_kernel() is None):
+    """`weight` with its AMX layout (`cpu_amx.tile_weight`, `cpu_amx.tile_int8`) when it is 4-bit
+    or int8 blocks whose shape the AMX kernel takes and the kernel is available here; else
+    `weight` as it is."""
+    if (weight.values.dtype not in (torch.uint8, torch.int8) or weight.scales is None
+            or not cpu_amx.tileable(weight.out_features, weight.in_features) or cpu_amx.amx_kernel() is None):
         return weight
+    if weight.values.dtype == torch.int8:
+        return replace(weight, tiles=cpu_amx.tile_int8(weight.values, weight.scales))
     return replace(weight, tiles=cpu_amx.tile_weight(weight.values, weight.scales, weight.offsets))
 
 
