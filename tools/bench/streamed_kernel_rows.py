@@ -9,8 +9,8 @@ Every decoder layer's matmuls of the family's target (fused q/k/v, o, fused gate
 down: 210 matrices for SmolLM2-135M), as the engine gives them to the kernel
 (`cpu_streamed.compact_weight`: the 4-bit blocks of GGUF Q4_1 weights), then the LM head
 (its int8 blocks), called in forward order with `rows`-row random inputs, the fastest of
-`--repeats` passes; where the AMX kernel is available (`cpu_amx.py`), also the layers
-through it on their tile layout (the `amx` column, whatever the row count). Both kernels are built here from their sources (`-march=native`, the
+`--repeats` passes; where the AMX kernel is available (`cpu_amx.py`), also the layers and
+the LM head through it on their tile layouts (the AMX columns, whatever the row count). Both kernels are built here from their sources (`-march=native`, the
 engine's flags) and called on the same inputs; `mismatches` counts outputs that differ
 in any bit (0 when a change to the kernel keeps its results). What it leaves out: the
 rest of the forward, and the caches a real step leaves cold (the engine's own timings:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
               for lin in (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up, layer.mlp.down_proj)]
     head = cpu_streamed.compact_weight(model.lm_head.weight.detach())
     forms = sorted({str(w.values.dtype).replace("torch.", "") for w in layers})
-    amx = cpu_amx.amx_kernel() if all(w.tiles is not None for w in layers) else None
+    amx = cpu_amx.amx_kernel() if all(w.tiles is not None for w in layers + [head]) else None
 
     weights = sum(w.out_features * w.in_features for w in layers)
     results = []
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         if amx is not None:
             row["amx_layers_ms"] = best_ms(lambda: [cpu_amx.amx_linear(amx, inputs[w.in_features], w.tiles, None)
                                                     for w in layers], args.repeats)
+            row["amx_lm_head_ms"] = best_ms(lambda: cpu_amx.amx_linear(amx, inputs[head.in_features], head.tiles, None),
+                                            args.repeats)
         if args.against:
             new, old = outputs["this tree"], outputs[args.against]
             row["mismatches"] = sum(int((a != b).sum()) for a, b in zip(new, old))
@@ -124,13 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                          f"{o['lm_head_ms']:.2f} | {n['lm_head_ms']:.2f} | {r['lm_head_ratio']:.2f}x | "
                          f"{r['mismatches']} |")
     else:
-        amx_head = ["| rows | layers | GFLOP/s | layers, AMX kernel | LM head |", "| ---: | ---: | ---: | ---: | ---: |"]
+        amx_head = ["| rows | layers | GFLOP/s | layers, AMX kernel | LM head | LM head, AMX kernel |",
+                    "| ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += amx_head if amx is not None else ["| rows | layers | GFLOP/s | LM head |", "| ---: | ---: | ---: | ---: |"]
         for r in results:
             n = r["this tree"]
             amx_cell = f" {r['amx_layers_ms']:.2f} |" if amx is not None else ""
+            amx_head_cell = f" {r['amx_lm_head_ms']:.2f} |" if amx is not None else ""
             lines.append(f"| {r['rows']} | {n['layers_ms']:.2f} | {n['layers_gflops']:.1f} |{amx_cell} "
-                         f"{n['lm_head_ms']:.2f} |")
+                         f"{n['lm_head_ms']:.2f} |{amx_head_cell}")
     machine = report["machine"]
     lines += ["", f"Command: `{report['command']}`  ",
               f"Machine: {machine['cpu']} ({machine['cpu_cores_usable']} usable cores); torch {machine['torch']}, "
