@@ -38,6 +38,7 @@ from .graphs import DecodeGraphs
 from .host_memory import keep_freed_memory
 from .kv_cache import AttentionBatch, SlotAllocator
 from .memory import free_device_bytes, kv_budget
+from .models import cpu_amx
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
 from .models.layers import attention_without_per_shape_plans, causal_mask
@@ -259,6 +260,9 @@ class Engine:
             packed = (f"{self.packed_linears} float32 linears can take their inputs through oneDNN, MKL "
                       f"packs or the streamed kernel (the target, {self.row_routing_source or 'measured at load'}: "
                       f"{routing}; its LM head: {head})")
+            if self.row_routing is not None and self.row_routing.streamed_rows and cpu_amx.amx_kernel() is not None:
+                packed += (f"; the streamed kernel's 4-bit and int8 weights take AMX tiles at {cpu_amx.MIN_ROWS} "
+                           "rows or more")
         self.load_note = "; ".join(filter(None, [self.kv_budget.describe(positions), attention, host_memory, graphs,
                                                  packed, describe(self.policy)]))
 
