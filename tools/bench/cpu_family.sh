@@ -97,6 +97,22 @@ latency_on_every_set() {
   done
 }
 
+# bench.py latency in paired passes on every set: $1 names the outputs (its markdown in
+# docs/bench/, its JSON with every request of every pass in .cache/bench/), $2 the
+# configurations unless $REPEATS_COMPARE names others, $3 the passes unless $REPEATS says;
+# the rest goes to bench.py.
+repeats_on_every_set() {
+  local name=$1 compare=$2 repeats=$3
+  shift 3
+  mkdir -p .cache/bench
+  for set in $SETS; do
+    $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
+      --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
+      --eagle-total-tokens 16 --compare "${REPEATS_COMPARE:-$compare}" --repeats "${REPEATS:-$repeats}" "$@" \
+      --markdown "$OUT/${name}_$set.md" --report-json ".cache/bench/${name}_$set.json"
+  done
+}
+
 for stage in "${stages[@]}"; do
   case "$stage" in
     latency)
@@ -122,23 +138,9 @@ for stage in "${stages[@]}"; do
       entries+=,eagle2+nolookup@8,eagle2@8,hf-prompt-lookup
       latency_on_every_set latency_lookup --eagle-total-tokens 16 --compare $entries ;;
     repeats)
-      mkdir -p .cache/bench
-      for set in $SETS; do
-        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
-          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --eagle-total-tokens 16 --compare "${REPEATS_COMPARE:-none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup}" \
-          --repeats "${REPEATS:-12}" \
-          --markdown "$OUT/latency_repeats_$set.md" --report-json ".cache/bench/latency_repeats_$set.json"
-      done ;;
+      repeats_on_every_set latency_repeats none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup 12 ;;
     amx)
-      mkdir -p .cache/bench
-      for set in $SETS; do
-        $PY tools/bench/bench.py latency --question-set "$DATA/eagle_${set}_question.jsonl" \
-          --num-requests "$QUESTIONS" --output-tokens 128 --stop-at-eos --warmup 1 --no-progress \
-          --eagle-total-tokens 16 --compare "${REPEATS_COMPARE:-none,eagle3@3,eagle3@4,eagle3@8,hf-prompt-lookup}" \
-          --repeats "${REPEATS:-3}" --env-variant SPECDEC_CPU_AMX=0 \
-          --markdown "$OUT/amx_$set.md" --report-json ".cache/bench/amx_$set.json"
-      done ;;
+      repeats_on_every_set amx none,eagle3@3,eagle3@4,eagle3@8,hf-prompt-lookup 3 --env-variant SPECDEC_CPU_AMX=0 ;;
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
         --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;

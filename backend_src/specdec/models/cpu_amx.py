@@ -8,13 +8,13 @@ multiplies a 16 x 32 block of bfloat16 by a 32 x 16 one in one instruction. Each
 int8 value is exact in bfloat16 and each float32 input is the exact sum of three bfloat16
 parts, so three tile products give a block's dot products in float32 as the streamed
 kernel's multiply-adds do; a block's scale (and offset) are applied after (the source says
-how). On the 2-core Xeon VM the target's 120 layer matmuls took 3.6 / 3.7 / 4.4 / 5.4 /
-6.8 ms over 1 / 2 / 4 / 8 / 16 rows against the streamed kernel's 3.6 / 4.3 / 6.1 / 9.6 /
-19.3 with hot caches, its LM head 1.0 / 1.1 / 1.4 / 1.8 against 0.9 / 1.5 / 2.5 / 4.9 over
-1 / 4 / 8 / 16 rows (ad hoc, tools/bench/streamed_kernel_rows.py times both); at a load's
-routing timings, where a forward's other work leaves the caches cold, the target's layers
-took 7.5 / 8.8 / 10.9 ms over 4 / 8 / 16 rows with it and 7.5 / 11.1 / 20.5 without. So
-calls of `MIN_ROWS` rows or more take it.
+how). On the 2-core Xeon VM the target's 120 layer matmuls took 4.3 / 4.6 / 5.3 / 6.6 /
+8.8 ms over 1 / 2 / 4 / 8 / 16 rows against the streamed kernel's 3.7 / 4.5 / 6.2 / 9.8 /
+19.7 with hot caches, its LM head 1.0 / 1.1 / 1.5 / 1.8 against 0.9 / 1.5 / 2.5 / 4.9 over
+1 / 4 / 8 / 16 rows (tools/bench/streamed_kernel_rows.py, docs/bench/amx_kernel_rows.md);
+at a load's routing timings, where a forward's other work leaves the caches cold, the
+target's layers took 7.5 / 8.8 / 10.9 ms over 4 / 8 / 16 rows with it and 7.5 / 11.1 /
+20.5 without. So calls of `MIN_ROWS` rows or more take it.
 
 The weight is laid out for the tiles once (`tile_weight`, `tile_int8`: the same bytes as
 the blocks, reordered), a second copy beside the streamed kernel's (the target's layers
