@@ -19,9 +19,9 @@
 // bfloat16, so every product is exact), and
 //   y[m, n] = sum over b, in order, of  dot[m, n, b] * scale[n, b] + offset[n, b] * xsum[m, b]
 // with xsum[m, b] the block's 32 values of x summed in a fixed order (int8 weights have no
-// offset, so no such term). A row's result does
-// not depend on the rows beside it in a call. It differs from F.linear's in the last bits
-// (another summation order; the offset multiplies the block's sum, not each value).
+// offset, so no such term). A row's result does not depend on the rows beside it in a call.
+// It differs from F.linear's in the last bits (another summation order; the offset
+// multiplies the block's sum, not each value).
 //
 // The weight comes laid out for the tiles (cpu_amx.tile_weight), block by block: for block b
 // and 16 output features t, 256 bytes as 4 loads of 32 16-bit words, word 2n + j of load L
@@ -33,19 +33,18 @@
 //
 // Loop: each thread takes a range of feature tiles and splits x itself; a span of that range
 // at a time (its sums fit in L1), block by block, x's parts are loaded as tiles once and
-// meet every feature tile of the span, whose sums wait in a buffer. A tile load of lines just stored waits for the stores, so each unit (16
-// features of a block) is widened two units before its tile product, and its product is
-// added one unit after.
+// meet every feature tile of the span, whose sums wait in a buffer. A tile load of lines
+// just stored waits for the stores, so each unit (16 features of a block) is widened two
+// units before its tile product, and its product is added one unit after.
 //
-// Needs: AMX-BF16 and AVX-512BW in the build (else `available()` is false and the Python side
-// keeps to the streamed kernel), the OS's permission for tile data (asked once), x contiguous
+// Needs: AMX-BF16, AVX-512BW and AVX-512 BF16 in the build (else `available()` is false and
+// the Python side keeps to the streamed kernel), the OS's permission for tile data (asked once), x contiguous
 // float32 [M, K], N a multiple of 16 and K of 32.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -266,6 +265,12 @@ void dispatch_rows(int rows, const uint16_t* hi, const uint16_t* mid, const uint
 
 // x's three bfloat16 parts (each the top 8 significant bits of what the ones before left:
 // exact, so hi + mid + lo == x) and its block sums (32 values, a fixed order).
+// 16 floats exact in bfloat16 (their low 16 bits zero) stored as bfloat16 bits.
+inline void store_bfloat16(__m512 exact, uint16_t* out) {
+  const __m512i upper = _mm512_srli_epi32(_mm512_castps_si512(exact), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(upper));
+}
+
 void split_rows(const float* x, int64_t M, int64_t K, uint16_t* hi, uint16_t* mid, uint16_t* lo, float* xsum) {
   const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t i = 0; i < M * K; i += 16) {
@@ -274,9 +279,9 @@ void split_rows(const float* x, int64_t M, int64_t K, uint16_t* hi, uint16_t* mi
     const __m512 rest = _mm512_sub_ps(v, h);
     const __m512 md = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
     const __m512 l = _mm512_sub_ps(rest, md);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(h), 16)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(md), 16)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(l), 16)));
+    store_bfloat16(h, hi + i);
+    store_bfloat16(md, mid + i);
+    store_bfloat16(l, lo + i);
   }
   for (int64_t i = 0; i < M * K; i += BLOCK) {
     xsum[i / BLOCK] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16)));
