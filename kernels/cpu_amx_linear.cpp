@@ -138,26 +138,27 @@ inline void widen_int8_chunk(const uint8_t* chunk, uint16_t* weights) {
 }
 
 // The tile product of x's parts (tiles 1-3, loaded) and `weights` into `product`: through
-// product tile 0 and weight tile 4, or (ODD) 5 and 6, so that neighbouring units overlap
-// (the tile intrinsics take register numbers as literals).
+// product tile 0 and weight tile 4, or (ODD) 5 and 6, so that neighbouring units overlap.
+// The tile intrinsics take register numbers as literals, hence the macro for the two pairs.
+#define SPECDEC_TILE_PRODUCT(PRODUCT_TILE, WEIGHT_TILE)      \
+  do {                                                       \
+    _tile_loadd(WEIGHT_TILE, weights, 64);                   \
+    _tile_zero(PRODUCT_TILE);                                \
+    _tile_dpbf16ps(PRODUCT_TILE, 1, WEIGHT_TILE);            \
+    _tile_dpbf16ps(PRODUCT_TILE, 2, WEIGHT_TILE);            \
+    _tile_dpbf16ps(PRODUCT_TILE, 3, WEIGHT_TILE);            \
+    _tile_stored(PRODUCT_TILE, product, 64);                 \
+  } while (0)
+
 template <bool ODD>
 inline void tile_product(const uint16_t* weights, float* product) {
   if constexpr (!ODD) {
-    _tile_loadd(4, weights, 64);
-    _tile_zero(0);
-    _tile_dpbf16ps(0, 1, 4);
-    _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_stored(0, product, 64);
+    SPECDEC_TILE_PRODUCT(0, 4);
   } else {
-    _tile_loadd(6, weights, 64);
-    _tile_zero(5);
-    _tile_dpbf16ps(5, 1, 6);
-    _tile_dpbf16ps(5, 2, 6);
-    _tile_dpbf16ps(5, 3, 6);
-    _tile_stored(5, product, 64);
+    SPECDEC_TILE_PRODUCT(5, 6);
   }
 }
+#undef SPECDEC_TILE_PRODUCT
 
 // acc[m] += product[m] * scale + offset * xs[m] (int8 weights: no offset), rows m < MC: a
 // unit's share of y.

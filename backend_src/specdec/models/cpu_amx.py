@@ -65,18 +65,17 @@ def amx_kernel() -> Optional[Any]:
     """The built extension (its `amx_linear(x, q, scales, offsets, bias)`), building it at the
     first call; None when it is turned off, cannot be built (logged once) or this CPU or OS
     gives no AMX tiles."""
-    if not wanted():
+    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
+
+
+def _build() -> Optional[Any]:
+    """The extension where the CPU reports AMX (no 35 s build for nothing on every other CPU)
+    and the OS grants its tiles, else None."""
+    if not cpu_has_amx():
         return None
-    if "module" in _kernel:  # built (or failed) already: no lock needed to read it
-        return _kernel["module"]
-    with _lock:
-        if "module" not in _kernel and not cpu_has_amx():
-            _kernel["module"] = None  # nothing to build for: no 35 s build on every other CPU
-        if "module" not in _kernel:
-            module = cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_amx_linear", "AMX linear",
-                                         "4-bit matmuls keep to the streamed kernel")
-            _kernel["module"] = module if module is not None and module.available() else None
-        return _kernel["module"]
+    module = cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_amx_linear", "AMX linear",
+                                 "4-bit and int8 matmuls keep to the streamed kernel")
+    return module if module is not None and module.available() else None
 
 
 def cpu_has_amx() -> bool:

@@ -49,15 +49,12 @@ def wanted() -> bool:
 def attention_kernel() -> Optional[Any]:
     """The built extension (its `tree_attention(q, k, v, mask)`), building it at the first
     call; None when it is turned off or cannot be built (logged once)."""
-    if not wanted():
-        return None
-    if "module" in _kernel:  # built (or failed) already: no lock needed to read it
-        return _kernel["module"]
-    with _lock:
-        if "module" not in _kernel:
-            _kernel["module"] = cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_tree_attention",
-                                                    "CPU attention kernel", "attention keeps to torch's kernels")
-        return _kernel["module"]
+    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
+
+
+def _build() -> Optional[Any]:
+    return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_tree_attention", "CPU attention kernel",
+                               "attention keeps to torch's kernels")
 
 
 def build_id() -> Optional[str]:

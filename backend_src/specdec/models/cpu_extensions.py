@@ -8,7 +8,7 @@ process, finds it there. Without a compiler, or when the build fails, `load` log
 returns None, and the caller keeps to its torch twin.
 
 What each kernel computes, and when it is used: `cpu_streamed.py` (the streamed linear),
-`cpu_amx.py` (the AMX linear over 4-bit weights), `cpu_attention.py` (attention of a few queries).
+`cpu_amx.py` (the AMX linear over 4-bit and int8 weights), `cpu_attention.py` (attention of a few queries).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import os
 import platform
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -56,6 +56,18 @@ def load(path: Path, prefix: str, what: str, otherwise: str) -> Optional[Any]:
         return None
     LOG.info("%s built from %s", what, path.name)
     return module
+
+
+def built_once(cache: dict[str, Any], lock: Any, build: Callable[[], Optional[Any]]) -> Optional[Any]:
+    """`cache["module"]`, made by `build()` at the first call (under `lock`, so that one thread
+    builds while others wait): a kernel module's lazy getter. `build` returning None (no
+    compiler, a failed build) is kept too, so a failure is tried and logged once."""
+    if "module" in cache:  # built (or failed) already: no lock needed to read it
+        return cache["module"]
+    with lock:
+        if "module" not in cache:
+            cache["module"] = build()
+        return cache["module"]
 
 
 def _ninja_on_path() -> None:

@@ -71,12 +71,7 @@ def wanted() -> bool:
 def streamed_kernel() -> Optional[Any]:
     """The built extension (its `streamed_linear(x, w, bias)`), building it at the
     first call; None when it is turned off or cannot be built (logged once)."""
-    if not wanted():
-        return None
-    with _lock:
-        if "module" not in _kernel:
-            _kernel["module"] = _build()
-        return _kernel["module"]
+    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
 
 
 def build_id() -> Optional[str]:
@@ -122,7 +117,8 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
     else a bfloat16 copy, where every value survives exactly; else `weight` itself (also
     when `compact_wanted()` is false). The same values, so the same results, for fewer
     bytes read. Each form is tried on a few rows first, so that a weight without it costs
-    little. 4-bit blocks also get the AMX kernel's layout where it is available (`with_tiles`)."""
+    little. 4-bit and int8 blocks also get the AMX kernel's layout where it is available
+    (`with_tiles`)."""
     if compact_wanted():
         probe = weight[:PROBE_ROWS]
         for form in (q4_blocks, int8_blocks, partial(_in_16_bits, dtype=torch.float16),
@@ -227,11 +223,11 @@ def streamed_linear(kernel: Any, x: torch.Tensor, weight: torch.Tensor | KernelW
     and the call `cpu_amx.MIN_ROWS` rows or more: [..., N]."""
     if isinstance(weight, torch.Tensor):
         weight = KernelWeight(weight)
-    flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, K]
-    if weight.tiles is not None and flat.shape[0] >= cpu_amx.MIN_ROWS:
+    if weight.tiles is not None and x.numel() >= cpu_amx.MIN_ROWS * x.shape[-1]:
         amx = cpu_amx.amx_kernel()
         if amx is not None:
             return cpu_amx.amx_linear(amx, x, weight.tiles, bias)
+    flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, K]
     out = kernel.streamed_linear(flat, weight.values, bias, weight.scales, weight.offsets)  # [rows, N]
     return out.reshape(*x.shape[:-1], weight.out_features)
 
