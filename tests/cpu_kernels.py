@@ -34,7 +34,7 @@ def built_or_skip(built: Optional[Any], wanted: bool, what: str) -> Any:
 
 
 def fail_the_build(module: Any, monkeypatch, tmp_path) -> None:
-    """Makes `module` (cpu_streamed, cpu_attention or cpu_amx) build anew from a folder without its
+    """Makes `module` (cpu_streamed, cpu_attention, cpu_amx or cpu_layer_ops) build anew from a folder without its
     source, so that the build fails; skips off x86-64, where nothing is built at all. The
     process's build is forgotten for the test and restored after."""
     if platform.machine().lower() not in ("x86_64", "amd64"):

@@ -72,9 +72,17 @@ def calibrated(tmp_path_factory):
     finally:
         del os.environ["SPECDEC_CPU_ATTENTION"]
     assert torch_attention["cpu_attention"] is None
+    os.environ["SPECDEC_CPU_LAYER_OPS"] = "0"  # norms, SiLU and RoPE through torch's operators: other costs
+    try:
+        torch_layer_ops = calibration_cache.fingerprint(engine, {}, prompt)
+    finally:
+        del os.environ["SPECDEC_CPU_LAYER_OPS"]
+    assert torch_layer_ops["cpu_layer_ops"] is None
     with_kernel = calibration_cache.fingerprint(engine, {}, prompt)
     if with_kernel["cpu_attention"] is not None:  # built on this machine
         assert with_kernel["cpu_attention"].startswith("specdec_tree_attention_") and with_kernel != torch_attention
+    if with_kernel["cpu_layer_ops"] is not None:
+        assert with_kernel["cpu_layer_ops"].startswith("specdec_layer_ops_") and with_kernel != torch_layer_ops
     if engine.row_routing is not None and engine.row_routing.streamed_rows:  # rows timed through the kernel
         assert with_kernel["streamed_build"].startswith("specdec_streamed_linear_")
     else:

@@ -31,11 +31,11 @@ from typing import Optional
 import torch
 
 from .config import EngineConfig
-from .models import cpu_amx, cpu_attention, cpu_streamed
+from .models import cpu_amx, cpu_attention, cpu_layer_ops, cpu_streamed
 from .step_cost import StepCost
 
 LOG = logging.getLogger("specdec")
-FORMAT = 5  # of the file; bump when `Calibration` or the fingerprint changes shape
+FORMAT = 6  # of the file; bump when `Calibration` or the fingerprint changes shape
 OFF = "off"
 # Config fields that change what calibration measures (the device, dtype, checkpoints and
 # context enter the fingerprint separately; the slots through the KV budget).
@@ -158,6 +158,7 @@ def fingerprint(engine, trees: dict, prompt: Optional[list[int]] = None) -> dict
         "streamed_build": _streamed_build(engine),
         "amx_build": _amx_build(engine),
         "cpu_attention": _attention_build(engine),
+        "cpu_layer_ops": _layer_ops_build(engine),
         "lm_head_routing": None if engine.head_routing is None else engine.head_routing.describe(),
         "num_slots": engine.num_slots,
         "max_context": engine.max_context,
@@ -185,9 +186,18 @@ def _amx_build(engine) -> Optional[str]:
 
 def _attention_build(engine) -> Optional[str]:
     """The CPU attention kernel's build (its name hashes its source) where the layers take
-    it (float32 on a CPU), else None: off, not built, another dtype, a GPU."""
-    takes_it = engine.device.type == "cpu" and engine.config.dtype == "float32"
-    return cpu_attention.build_id() if takes_it else None
+    it, else None: off, not built, another dtype, a GPU."""
+    return cpu_attention.build_id() if _float32_on_cpu(engine) else None
+
+
+def _layer_ops_build(engine) -> Optional[str]:
+    """The CPU layer operations' build where the layers take them, else None (as above)."""
+    return cpu_layer_ops.build_id() if _float32_on_cpu(engine) else None
+
+
+def _float32_on_cpu(engine) -> bool:
+    """The engine runs in float32 on a CPU: where the layers take the CPU kernels."""
+    return engine.device.type == "cpu" and engine.config.dtype == "float32"
 
 
 def _device(device: torch.device) -> dict:

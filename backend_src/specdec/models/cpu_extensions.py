@@ -8,7 +8,8 @@ process, finds it there. Without a compiler, or when the build fails, `load` log
 returns None, and the caller keeps to its torch twin.
 
 What each kernel computes, and when it is used: `cpu_streamed.py` (the streamed linear),
-`cpu_amx.py` (the AMX linear over 4-bit and int8 weights), `cpu_attention.py` (attention of a few queries).
+`cpu_amx.py` (the AMX linear over 4-bit and int8 weights), `cpu_attention.py` (attention of a few queries),
+`cpu_layer_ops.py` (norms, SiLU and RoPE around the matmuls).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kv_cache import AttentionBatch, KVCache
-from . import cpu_attention
+from . import cpu_attention, cpu_layer_ops
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = cpu_layer_ops.kernel_for(x, self.weight)
+        if kernel is not None:  # one call on the CPU (models/cpu_layer_ops.py); this code is its twin
+            return kernel.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -165,7 +168,14 @@ class Attention(nn.Module):
         values of all T tokens are still computed (and cached), but the output only at
         those positions: [B, 1, H]."""
         if queries is None:
-            q, k, v = self._project(x)
+            if self.qkv is not None:
+                qkv = self.qkv(x)
+                heads = self._split_heads(qkv, cos, sin)
+                if heads is not None:
+                    return self.o_proj(self._attend_heads(*heads, mask, cache, layer, batch))
+                q, k, v = qkv.split(self.split_sizes, dim=-1)
+            else:
+                q, k, v = self._project(x)
             cos_q, sin_q = cos, sin
         else:
             x_q = at_positions(x, queries)  # [B, 1, in]
@@ -182,14 +192,19 @@ class Attention(nn.Module):
         """x: [R, in], the rows of every part, part after part (part p's [B_p, T_p]
         tokens flattened). The projections are one matmul each over all R rows; each
         part attends over its own slots with its own mask. Returns [R, H]."""
-        q, k, v = self._project(x)  # [R, ...] each
+        qkv = self.qkv(x) if self.qkv is not None else None  # [R, (H_q + 2 H_kv) D]
+        q, k, v = qkv.split(self.split_sizes, dim=-1) if qkv is not None else self._project(x)  # [R, ...] each
         outs, start = [], 0
         for part in parts:
             B, T = part.shape
             rows = slice(start, start + B * T)
-            q_p, k_p, v_p = (t[rows].view(B, T, -1) for t in (q, k, v))
-            rope_p = (part.cos, part.sin)
-            out = self._attend(q_p, k_p, v_p, rope_p, rope_p, part.batch.mask, cache, layer, part.batch)
+            heads = None if qkv is None else self._split_heads(qkv[rows].view(B, T, -1), part.cos, part.sin)
+            if heads is not None:
+                out = self._attend_heads(*heads, part.batch.mask, cache, layer, part.batch)
+            else:
+                q_p, k_p, v_p = (t[rows].view(B, T, -1) for t in (q, k, v))
+                rope_p = (part.cos, part.sin)
+                out = self._attend(q_p, k_p, v_p, rope_p, rope_p, part.batch.mask, cache, layer, part.batch)
             outs.append(out.reshape(B * T, -1))
             start += B * T
         return self.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
@@ -210,7 +225,25 @@ class Attention(nn.Module):
         q = q.reshape(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = rope(q, *rope_q), rope(k, *rope_k)
+        return self._attend_heads(rope(q, *rope_q), rope(k, *rope_k), v, mask, cache, layer, batch)
+
+    def _split_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                     ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The fused projection's output qkv [B, T, (H_q + 2 H_kv) D] as q [B, H_q, T, D] and
+        k, v [B, H_kv, T, D], RoPE applied to q and k, in one call on the CPU
+        (models/cpu_layer_ops.py; `_attend`'s reshapes and `rope` are its twin); None where
+        the kernel does not take them."""
+        kernel = cpu_layer_ops.kernel_for(qkv, cos, sin)
+        if kernel is None or qkv.dim() != 3 or cos.shape != (qkv.shape[0], 1, qkv.shape[1], self.head_dim):
+            return None
+        q, k, v = kernel.rope_qkv(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim)
+        return q, k, v
+
+    def _attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      cache: Optional[KVCache], layer: int, batch: Optional[AttentionBatch]) -> torch.Tensor:
+        """q [B, H_q, Tq, D] and k, v [B, H_kv, T, D], RoPE applied: `_attend` from there on.
+        Returns [B, Tq, H_q * D]."""
+        B, Tq = q.shape[0], q.shape[2]
         if cache is not None:
             cache.write(layer, batch, k, v)
             k, v = cache.read(layer, batch)
@@ -296,7 +329,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            gate_up = self.gate_up(x)
+            kernel = cpu_layer_ops.kernel_for(gate_up)
+            if kernel is not None:  # one call on the CPU (models/cpu_layer_ops.py); the lines below are its twin
+                return self.down_proj(kernel.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 

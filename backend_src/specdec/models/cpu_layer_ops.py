@@ -1,0 +1,69 @@
+"""The small operations around a decoder layer's matmuls on the CPU, one call each
+(kernels/cpu_layer_ops.cpp): RMS norm, SiLU times the up projection, and q/k/v split
+from the fused projection with RoPE applied.
+
+A decode step runs these over a few rows of a few hundred values: microseconds of
+arithmetic, while torch spends several operators on each, each paying its dispatch and
+an allocation (a norm is eight). Beside the matmuls that was most of a plain step of
+SmolLM2's 30 layers on the 2-core Xeon VM; every forward pays it, a tree's verify and
+each EAGLE drafting depth too.
+
+Built at the first use on a machine (`cpu_extensions.py`). Without a compiler, or when
+the build fails, `layer_ops_kernel()` logs why once and returns None, and the layers keep
+to their torch code, the kernels' twins. `SPECDEC_CPU_LAYER_OPS=0` never builds it and is
+read at every call (`bench.py --env-variant` pairs the two in one process).
+
+Taken for float32 tensors on the CPU with contiguous rows, outside autograd (training
+keeps to the twins). `rope_qkv` equals its twin bit for bit; `rms_norm` and `silu_mul`
+differ from theirs in the last bits (another summation order, their own exp), as the
+streamed linear does from `F.linear`. A row's result depends on that row alone.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional
+
+import torch
+
+from ..ops._cupy import kernel_dir
+from . import cpu_extensions
+
+SOURCE_NAME = "cpu_layer_ops.cpp"
+
+_lock = threading.Lock()
+_kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
+
+
+def wanted() -> bool:
+    """The kernels may be built and used (SPECDEC_CPU_LAYER_OPS is not 0)."""
+    return os.environ.get("SPECDEC_CPU_LAYER_OPS", "auto") != "0"
+
+
+def layer_ops_kernel() -> Optional[Any]:
+    """The built extension (`rms_norm`, `silu_mul`, `rope_qkv`), building it at the first
+    call; None when it is turned off or cannot be built (logged once)."""
+    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
+
+
+def _build() -> Optional[Any]:
+    return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_layer_ops", "CPU layer operations",
+                               "norms, SiLU and RoPE keep to torch's operators")
+
+
+def build_id() -> Optional[str]:
+    """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
+    it is off or cannot be built: what timings measured with it depend on."""
+    kernel = layer_ops_kernel()
+    return None if kernel is None else kernel.__name__
+
+
+def kernel_for(*tensors: torch.Tensor) -> Optional[Any]:
+    """The kernel when every tensor is float32 on the CPU and contiguous and no gradient
+    is wanted, else None (the caller runs its twin)."""
+    for t in tensors:  # (`is_cpu`, not `device.type`: this runs a few times a layer)
+        if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+            return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None
+    return layer_ops_kernel()

@@ -1,0 +1,199 @@
+// The small operations around a decoder layer's matmuls on the CPU, one call each:
+//
+//   rms_norm(x, w, eps)          y = w * (x * 1 / sqrt(mean(x^2) + eps))     per row of x [R, H]
+//   silu_mul(gate_up)            y = silu(g) * u, g and u the halves of each row [R, 2I] -> [R, I]
+//   rope_qkv(qkv, cos, sin, ...) the fused q/k/v projection's output [B, T, (H_q + 2 H_kv) D] split
+//                                into q [B, H_q, T, D] and k, v [B, H_kv, T, D], RoPE applied to
+//                                q and k (rotate-half: x * cos + rotate(x) * sin)
+//
+// Built at run time by specdec/models/cpu_layer_ops.py (torch.utils.cpp_extension, -march of
+// the machine it runs on). Their torch twins are the layers' own code (RMSNorm.forward,
+// MLP.forward's silu and product, Attention's split, reshapes and `rope`).
+//
+// In a decode step these operate on a few rows of 576-1536 values: microseconds of
+// arithmetic, while torch spends several operators on each (a norm is eight: a cast,
+// pow, mean, add, rsqrt, two products and a cast back), each paying its dispatch and an
+// allocation. SmolLM2's 30 layers made that most of a plain step beside its matmuls.
+//
+// Results: rope_qkv's are its twin's bit for bit (the same two products and sum, kept
+// apart: no fused multiply-add). rms_norm sums the squares in another order than torch's
+// mean and silu_mul has its own exp (within 2 ulp), so theirs differ from the twins' in
+// the last bits. A row's result depends on that row alone.
+//
+// Needs float32 on the CPU with contiguous rows: x [R, H] and w [H]; gate_up [R, 2I];
+// qkv [B, T, (H_q + 2 H_kv) D] contiguous, cos and sin [B, 1, T, D] contiguous, D even.
+// The Python side checks these and falls back to the twins.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+typedef float lanes16 __attribute__((vector_size(64), aligned(4)));  // 16 floats, unaligned loads
+typedef int32_t ints16 __attribute__((vector_size(64), aligned(4)));
+
+constexpr int LANES = 16;
+constexpr int64_t ROWS_PER_TASK = 16;  // rows a thread takes at a time (a prompt's thousands split; a step's few not)
+
+inline lanes16 load16(const float* p) { return *reinterpret_cast<const lanes16*>(p); }
+inline void store16(float* p, lanes16 v) { *reinterpret_cast<lanes16*>(p) = v; }
+inline lanes16 splat(float x) { return lanes16{} + x; }
+
+// One head's RoPE, D values. Each product is rounded before the sum, never fused into a
+// multiply-add (GCC contracts a * b + c by default, -ffp-contract=fast), so that it rounds
+// as torch's twin does. (GCC does not inline a function with other optimize options.)
+__attribute__((optimize("fp-contract=off"))) void rotate_row(
+    const float* x, const float* cos, const float* sin, float* out, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) {  // x * cos + (-x[d + half]) * sin, then x * cos + x[d - half] * sin
+    out[d] = x[d] * cos[d] + (-x[d + half]) * sin[d];
+    out[d + half] = x[d + half] * cos[d + half] + x[d] * sin[d + half];
+  }
+}
+
+// exp(x) for lanes in [-87, 88] (callers clamp): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by
+// Cephes' expf polynomial (within 2 ulp), times 2^n.
+inline lanes16 exp_clamped(lanes16 x) {
+  const lanes16 round = splat(12582912.0f);  // 1.5 * 2^23: adding and taking it away rounds to an integer
+  const lanes16 n = (x * 1.44269504088896341f + round) - round;
+  const lanes16 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 in two parts
+  lanes16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const ints16 scale = (__builtin_convertvector(n, ints16) + 127) << 23;  // 2^n as float32 bits
+  return p * reinterpret_cast<const lanes16&>(scale);
+}
+
+inline float exp_scalar(float x) {
+  lanes16 v = splat(x);
+  return exp_clamped(v)[0];
+}
+
+inline lanes16 clamp16(lanes16 x, float low, float high) {
+  x = x < low ? splat(low) : x;
+  return x > high ? splat(high) : x;
+}
+
+void check_cpu_float(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.device().is_cpu(), name, ": float32 on the CPU expected");
+  TORCH_CHECK(t.is_contiguous(), name, ": a contiguous tensor expected");
+}
+
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  check_cpu_float(x, "x");
+  check_cpu_float(weight, "weight");
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == H, "weight [", H, "] expected");
+  auto out = torch::empty_like(x);
+  const int64_t R = H ? x.numel() / H : 0;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t vec_end = H - H % LANES;
+  at::parallel_for(0, R, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xp + r * H;
+      float* dst = op + r * H;
+      lanes16 acc = {};
+      for (int64_t h = 0; h < vec_end; h += LANES) {
+        const lanes16 v = load16(row + h);
+        acc += v * v;
+      }
+      float sum = 0.0f;
+      for (int i = 0; i < LANES; ++i) sum += acc[i];
+      for (int64_t h = vec_end; h < H; ++h) sum += row[h] * row[h];
+      const float scale = 1.0f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
+      for (int64_t h = 0; h < vec_end; h += LANES) store16(dst + h, load16(wp + h) * (load16(row + h) * scale));
+      for (int64_t h = vec_end; h < H; ++h) dst[h] = wp[h] * (row[h] * scale);
+    }
+  });
+  return out;
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  check_cpu_float(gate_up, "gate_up");
+  const int64_t width = gate_up.size(-1);
+  TORCH_CHECK(width % 2 == 0, "gate_up: an even last dimension expected, got ", width);
+  const int64_t I = width / 2;
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = I;
+  auto out = torch::empty(shape, gate_up.options());
+  const int64_t R = I ? gate_up.numel() / width : 0;
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t vec_end = I - I % LANES;
+  at::parallel_for(0, R, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = gp + r * width;
+      const float* up = gate + I;
+      float* dst = op + r * I;
+      for (int64_t i = 0; i < vec_end; i += LANES) {
+        const lanes16 g = load16(gate + i);
+        store16(dst + i, g / (1.0f + exp_clamped(clamp16(-g, -87.0f, 88.0f))) * load16(up + i));
+      }
+      for (int64_t i = vec_end; i < I; ++i) {
+        const float g = gate[i];
+        const float e = exp_scalar(std::fmin(std::fmax(-g, -87.0f), 88.0f));
+        dst[i] = g / (1.0f + e) * up[i];
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<torch::Tensor> rope_qkv(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                                    int64_t n_heads, int64_t n_kv, int64_t head_dim) {
+  check_cpu_float(qkv, "qkv");
+  check_cpu_float(cos, "cos");
+  check_cpu_float(sin, "sin");
+  TORCH_CHECK(qkv.dim() == 3, "qkv [B, T, (H_q + 2 H_kv) D] expected");
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = head_dim;
+  TORCH_CHECK(D > 0 && D % 2 == 0 && qkv.size(2) == (n_heads + 2 * n_kv) * D,
+              "qkv's last dimension must be (", n_heads, " + 2 * ", n_kv, ") * ", D);
+  TORCH_CHECK(cos.dim() == 4 && cos.sizes() == sin.sizes() && cos.size(0) == B && cos.size(1) == 1 &&
+              cos.size(2) == T && cos.size(3) == D, "cos and sin [B, 1, T, D] expected");
+  auto q = torch::empty({B, n_heads, T, D}, qkv.options());
+  auto k = torch::empty({B, n_kv, T, D}, qkv.options());
+  auto v = torch::empty({B, n_kv, T, D}, qkv.options());
+  const int64_t width = qkv.size(2);
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kp = k.data_ptr<float>();
+  float* vp = v.data_ptr<float>();
+  at::parallel_for(0, B * T, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      const float* row = src + bt * width;
+      const float* c = cp + bt * D;  // [B, 1, T, D]: row (b, t)
+      const float* s = sp + bt * D;
+      for (int64_t h = 0; h < n_heads; ++h) rotate_row(row + h * D, c, s, qp + ((b * n_heads + h) * T + t) * D, D);
+      for (int64_t h = 0; h < n_kv; ++h) {
+        const int64_t dst = ((b * n_kv + h) * T + t) * D;
+        rotate_row(row + (n_heads + h) * D, c, s, kp + dst, D);
+        std::memcpy(vp + dst, row + (n_heads + n_kv + h) * D, D * sizeof(float));
+      }
+    }
+  });
+  return {q, k, v};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMS norm of each row times the weight (CPU, float32)",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"));
+  m.def("silu_mul", &silu_mul, "silu of each row's first half times its second half (CPU, float32)",
+        pybind11::arg("gate_up"));
+  m.def("rope_qkv", &rope_qkv, "q, k, v split from a fused projection's output, RoPE on q and k (CPU, float32)",
+        pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("n_heads"),
+        pybind11::arg("n_kv"), pybind11::arg("head_dim"));
+}
