@@ -36,6 +36,8 @@
 #              and 8 nodes, transformers' prompt lookup), the engine's each also with
 #              SPECDEC_CPU_AMX=0 (the AMX kernel off), all taking turns in one process
 #              (bench.py --env-variant), into amx_<set>.md
+# layer-ops    the same with SPECDEC_CPU_LAYER_OPS=0 (norms, SiLU and RoPE through torch's operators
+#              instead of the CPU layer operations) as the variant, into layer_ops_<set>.md
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
 #              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
 #              fixed tree at batch 1 on these CPUs) beside them
@@ -141,6 +143,9 @@ for stage in "${stages[@]}"; do
       repeats_on_every_set latency_repeats none,eagle3@3,eagle3@8,eagle3,hf,hf-prompt-lookup 12 ;;
     amx)
       repeats_on_every_set amx none,eagle3@3,eagle3@4,eagle3@8,hf-prompt-lookup 3 --env-variant SPECDEC_CPU_AMX=0 ;;
+    layer-ops)
+      repeats_on_every_set layer_ops none,eagle3@3,eagle3@4,eagle3@8,hf-prompt-lookup 3 \
+        --env-variant SPECDEC_CPU_LAYER_OPS=0 ;;
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
         --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;
