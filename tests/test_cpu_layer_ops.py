@@ -151,6 +151,19 @@ def test_the_layers_take_them_for_float32_on_the_cpu(kernel, monkeypatch):
         assert (g - w).abs().max() < 1e-5 * max(1.0, w.abs().max().item())
 
 
+def test_a_norm_of_an_expanded_view_takes_the_kernel(kernel, monkeypatch):
+    """An EAGLE drafting depth's features are the catch-up output expanded over its top-k nodes."""
+    counted = Counted(kernel)
+    monkeypatch.setattr(cpu_layer_ops, "layer_ops_kernel", lambda: counted)
+    norm = RMSNorm(64, 1e-5)
+    norm.weight.data = torch.randn(64)
+    x = torch.randn(2, 1, 64).expand(2, 4, 64)
+    with torch.inference_mode():
+        got = norm(x)
+    assert counted.calls == ["rms_norm"]
+    assert within_rounding(got, norm_twin(x, norm.weight, 1e-5))
+
+
 def test_float64_and_autograd_keep_to_the_twins(kernel, monkeypatch):
     took = []
     monkeypatch.setattr(cpu_layer_ops, "layer_ops_kernel", lambda: took.append(1) or kernel)

@@ -13,8 +13,7 @@ the build fails, `layer_ops_kernel()` logs why once and returns None, and the la
 to their torch code, the kernels' twins. `SPECDEC_CPU_LAYER_OPS=0` never builds it and is
 read at every call (`bench.py --env-variant` pairs the two in one process).
 
-Taken for float32 tensors on the CPU with contiguous rows, outside autograd (training
-keeps to the twins). `rope_qkv` equals its twin bit for bit; `rms_norm` and `silu_mul`
+Taken for float32 tensors on the CPU outside autograd (training keeps to the twins). `rope_qkv` equals its twin bit for bit; `rms_norm` and `silu_mul`
 differ from theirs in the last bits (another summation order, their own exp), as the
 streamed linear does from `F.linear`. A row's result depends on that row alone.
 """
@@ -59,10 +58,12 @@ def build_id() -> Optional[str]:
 
 
 def kernel_for(*tensors: torch.Tensor) -> Optional[Any]:
-    """The kernel when every tensor is float32 on the CPU and contiguous and no gradient
-    is wanted, else None (the caller runs its twin)."""
+    """The kernel when every tensor is float32 on the CPU and no gradient is wanted, else
+    None (the caller runs its twin). The kernels take contiguous tensors: callers pass
+    `.contiguous()` (itself where it already is; an EAGLE drafting depth's features are an
+    expanded view)."""
     for t in tensors:  # (`is_cpu`, not `device.type`: this runs a few times a layer)
-        if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+        if t.dtype is not torch.float32 or not t.is_cpu:
             return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return None

@@ -77,7 +77,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = cpu_layer_ops.kernel_for(x, self.weight)
         if kernel is not None:  # one call on the CPU (models/cpu_layer_ops.py); this code is its twin
-            return kernel.rms_norm(x, self.weight, self.eps)
+            return kernel.rms_norm(x.contiguous(), self.weight.contiguous(), self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -236,7 +236,8 @@ class Attention(nn.Module):
         kernel = cpu_layer_ops.kernel_for(qkv, cos, sin)
         if kernel is None or qkv.dim() != 3 or cos.shape != (qkv.shape[0], 1, qkv.shape[1], self.head_dim):
             return None
-        q, k, v = kernel.rope_qkv(qkv, cos, sin, self.n_heads, self.n_kv, self.head_dim)
+        q, k, v = kernel.rope_qkv(qkv.contiguous(), cos.contiguous(), sin.contiguous(), self.n_heads, self.n_kv,
+                                  self.head_dim)
         return q, k, v
 
     def _attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -332,7 +333,7 @@ class MLP(nn.Module):
             gate_up = self.gate_up(x)
             kernel = cpu_layer_ops.kernel_for(gate_up)
             if kernel is not None:  # one call on the CPU (models/cpu_layer_ops.py); the lines below are its twin
-                return self.down_proj(kernel.silu_mul(gate_up))
+                return self.down_proj(kernel.silu_mul(gate_up.contiguous()))
             gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
