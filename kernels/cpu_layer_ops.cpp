@@ -5,6 +5,9 @@
 //   rope_qkv(qkv, cos, sin, ...) the fused q/k/v projection's output [B, T, (H_q + 2 H_kv) D] split
 //                                into q [B, H_q, T, D] and k, v [B, H_kv, T, D], RoPE applied to
 //                                q and k (rotate-half: x * cos + rotate(x) * sin)
+//   write_kv(kv, layer, slot, start, k, v)
+//                                one request's new keys and values k, v [H_kv, T, D] into the KV
+//                                cache kv [L, 2, S, H_kv, P, D] at positions [start, start + T)
 //
 // Built at run time by specdec/models/cpu_layer_ops.py (torch.utils.cpp_extension, -march of
 // the machine it runs on). Their torch twins are the layers' own code (RMSNorm.forward,
@@ -16,12 +19,13 @@
 // allocation. SmolLM2's 30 layers made that most of a plain step beside its matmuls.
 //
 // Results: rope_qkv's are its twin's bit for bit (the same two products and sum, kept
-// apart: no fused multiply-add). rms_norm sums the squares in another order than torch's
+// apart: no fused multiply-add), write_kv's copies too. rms_norm sums the squares in another order than torch's
 // mean and silu_mul has its own exp (within 2 ulp), so theirs differ from the twins' in
 // the last bits. A row's result depends on that row alone.
 //
 // Needs float32 on the CPU with contiguous rows: x [R, H] and w [H]; gate_up [R, 2I];
-// qkv [B, T, (H_q + 2 H_kv) D] contiguous, cos and sin [B, 1, T, D] contiguous, D even.
+// qkv [B, T, (H_q + 2 H_kv) D] contiguous, cos and sin [B, 1, T, D] contiguous, D even; kv
+// contiguous, k and v contiguous and inside it.
 // The Python side checks these and falls back to the twins.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -188,6 +192,28 @@ std::vector<torch::Tensor> rope_qkv(const torch::Tensor& qkv, const torch::Tenso
   return {q, k, v};
 }
 
+void write_kv(torch::Tensor& kv, int64_t layer, int64_t slot, int64_t start, const torch::Tensor& k,
+              const torch::Tensor& v) {
+  check_cpu_float(kv, "kv");
+  check_cpu_float(k, "k");
+  check_cpu_float(v, "v");
+  TORCH_CHECK(kv.dim() == 6 && kv.size(1) == 2, "kv [L, 2, S, H_kv, P, D] expected");
+  const int64_t L = kv.size(0), S = kv.size(2), H = kv.size(3), P = kv.size(4), D = kv.size(5);
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.size(0) == H && k.size(2) == D,
+              "k and v [", H, ", T, ", D, "] expected");
+  const int64_t T = k.size(1);
+  TORCH_CHECK(layer >= 0 && layer < L && slot >= 0 && slot < S && start >= 0 && start + T <= P,
+              "layer ", layer, ", slot ", slot, " or positions [", start, ", ", start + T, ") outside the cache");
+  float* base = kv.data_ptr<float>();
+  const float* parts[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
+  for (int64_t part = 0; part < 2; ++part) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* dst = base + ((((layer * 2 + part) * S + slot) * H + h) * P + start) * D;
+      std::memcpy(dst, parts[part] + h * T * D, T * D * sizeof(float));  // T consecutive positions
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMS norm of each row times the weight (CPU, float32)",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"));
@@ -196,4 +222,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_qkv", &rope_qkv, "q, k, v split from a fused projection's output, RoPE on q and k (CPU, float32)",
         pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("n_heads"),
         pybind11::arg("n_kv"), pybind11::arg("head_dim"));
+  m.def("write_kv", &write_kv, "one request's new keys and values into the KV cache (CPU, float32)",
+        pybind11::arg("kv"), pybind11::arg("layer"), pybind11::arg("slot"), pybind11::arg("start"),
+        pybind11::arg("k"), pybind11::arg("v"));
 }

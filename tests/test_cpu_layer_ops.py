@@ -1,7 +1,7 @@
 """The CPU layer operations (kernels/cpu_layer_ops.cpp, models/cpu_layer_ops.py).
 
-Each equals its torch twin, the layers' own code: `rope_qkv` bit for bit, `rms_norm` and
-`silu_mul` up to float32 rounding, at row counts of a decode step and of a prompt, over
+Each equals its torch twin, the layers' own code: `rope_qkv` and `write_kv` bit for bit,
+`rms_norm` and `silu_mul` up to float32 rounding, at row counts of a decode step and of a prompt, over
 sizes with and without a tail past the 16 lanes; a row's result is the same bit for bit
 alone and beside other rows; the layers take them for float32 on the CPU outside autograd
 and keep to the twins elsewhere, or when they are off or fail to build."""
@@ -80,6 +80,19 @@ def test_rope_qkv_equals_its_twin_bit_for_bit(kernel, heads, kv_heads, D, B, T):
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
 
 
+@pytest.mark.parametrize("T", [1, 8, 40])
+def test_write_kv_equals_its_twin_bit_for_bit(kernel, T):
+    gen = torch.Generator().manual_seed(T)
+    kv = torch.randn(3, 2, 4, 2, 64, 16, generator=gen)  # [L, 2, S, H_kv, P, D]
+    k, v = torch.randn(2, 2, T, 16, generator=gen)
+    for layer, slot, start in ((0, 0, 0), (2, 3, 64 - T), (1, 2, 11 if T < 50 else 0)):
+        want = kv.clone()
+        want[layer, 0, slot, :, start: start + T] = k
+        want[layer, 1, slot, :, start: start + T] = v
+        kernel.write_kv(kv, layer, slot, start, k, v)
+        assert torch.equal(kv, want)
+
+
 def test_a_rows_result_is_the_same_alone_and_beside_other_rows(kernel):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(40, 576, generator=gen)
@@ -100,6 +113,12 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel.silu_mul(torch.randn(2, 5))
     with pytest.raises(RuntimeError, match="last dimension"):
         kernel.rope_qkv(torch.randn(1, 2, 100), torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16), 2, 1, 16)
+    kv = torch.zeros(1, 2, 2, 1, 8, 4)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernel.write_kv(kv, 0, 1, 6, torch.ones(1, 3, 4), torch.ones(1, 3, 4))  # positions 6-8 of 8
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernel.write_kv(kv, 0, 2, 0, torch.ones(1, 3, 4), torch.ones(1, 3, 4))  # slot 2 of 2
+    assert not kv.any()
 
 
 SHAPE = LlamaShape(vocab_size=64, hidden_size=96, intermediate_size=80, num_hidden_layers=1, num_attention_heads=6,
@@ -142,7 +161,7 @@ def test_the_layers_take_them_for_float32_on_the_cpu(kernel, monkeypatch):
     monkeypatch.setattr(cpu_layer_ops, "layer_ops_kernel", lambda: counted)
     with torch.inference_mode():
         got = layer_outputs()
-    assert sorted(set(counted.calls)) == ["rms_norm", "rope_qkv", "silu_mul"]
+    assert sorted(set(counted.calls)) == ["rms_norm", "rope_qkv", "silu_mul", "write_kv"]
     monkeypatch.undo()
     monkeypatch.setenv("SPECDEC_CPU_LAYER_OPS", "0")  # the twins, as the layers ran before
     with torch.inference_mode():

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from .errors import InputError
+from .models import cpu_layer_ops
 
 
 @dataclass
@@ -117,6 +118,10 @@ class KVCache:
         ad hoc)."""
         if batch.write_start is not None:
             s, start, T = batch.first_slot, batch.write_start, k.shape[2]
+            kernel = cpu_layer_ops.kernel_for(self.kv, k, v)
+            if kernel is not None:  # one call on the CPU (models/cpu_layer_ops.py); the two lines below are its twin
+                kernel.write_kv(self.kv, layer, s, start, k[0].contiguous(), v[0].contiguous())
+                return
             self.kv[layer, 0, s, :, start: start + T].copy_(k[0])
             self.kv[layer, 1, s, :, start: start + T].copy_(v[0])
             return

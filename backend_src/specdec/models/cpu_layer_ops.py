@@ -1,6 +1,7 @@
 """The small operations around a decoder layer's matmuls on the CPU, one call each
-(kernels/cpu_layer_ops.cpp): RMS norm, SiLU times the up projection, and q/k/v split
-from the fused projection with RoPE applied.
+(kernels/cpu_layer_ops.cpp): RMS norm, SiLU times the up projection, q/k/v split from the
+fused projection with RoPE applied, and one request's new keys and values written into
+the KV cache.
 
 A decode step runs these over a few rows of a few hundred values: microseconds of
 arithmetic, while torch spends several operators on each, each paying its dispatch and
@@ -13,9 +14,10 @@ the build fails, `layer_ops_kernel()` logs why once and returns None, and the la
 to their torch code, the kernels' twins. `SPECDEC_CPU_LAYER_OPS=0` never builds it and is
 read at every call (`bench.py --env-variant` pairs the two in one process).
 
-Taken for float32 tensors on the CPU outside autograd (training keeps to the twins). `rope_qkv` equals its twin bit for bit; `rms_norm` and `silu_mul`
-differ from theirs in the last bits (another summation order, their own exp), as the
-streamed linear does from `F.linear`. A row's result depends on that row alone.
+Taken for float32 tensors on the CPU outside autograd (training keeps to the twins).
+`rope_qkv` and `write_kv` equal their twins bit for bit; `rms_norm` and `silu_mul` differ
+from theirs in the last bits (another summation order, their own exp), as the streamed
+linear does from `F.linear`. A row's result depends on that row alone.
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ def wanted() -> bool:
 
 
 def layer_ops_kernel() -> Optional[Any]:
-    """The built extension (`rms_norm`, `silu_mul`, `rope_qkv`), building it at the first
-    call; None when it is turned off or cannot be built (logged once)."""
+    """The built extension (`rms_norm`, `silu_mul`, `rope_qkv`, `write_kv`), building it at
+    the first call; None when it is turned off or cannot be built (logged once)."""
     return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
 
 
