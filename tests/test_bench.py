@@ -11,6 +11,7 @@ import pytest
 import bench
 import eval_family
 from engine_helpers import FAMILY, HUMANEVAL
+from specdec.policy import MAX_DEPTH
 
 pytestmark = pytest.mark.skipif(
     not all((FAMILY / d / "config.json").is_file() for d in ("base", "draft", "eagle", "eagle3", "medusa")),
@@ -181,7 +182,7 @@ def test_entries_can_name_an_eagle_tree_size(tmp_path, capsys):
     report = tmp_path / "sizes.json"
     code, out = _bench(capsys, "latency", "--question-set", str(HUMANEVAL), "--num-requests", "2",
                        "--output-tokens", "12", "--warmup", "0", "--no-progress", "--dtype", "float64",
-                       "--compare", "none,eagle3@3,eagle3+nolookup@3,eagle3@2,eagle2@4,medusa@3,draft_model@2",
+                       "--compare", "none,eagle3@3,eagle3+nolookup@3,eagle3@2,eagle2@4,eagle2@4/3,medusa@3,draft_model@2",
                        "--report-json", str(report))
     assert code == 0
     data = json.loads(report.read_text())
@@ -189,11 +190,12 @@ def test_entries_can_name_an_eagle_tree_size(tmp_path, capsys):
     assert runs["eagle3@3"]["tree"] == "dynamic depth=2 top_k=2 total_tokens=3, lookup 10"  # the engine's default
     assert runs["eagle3+nolookup@3"]["tree"] == "dynamic depth=2 top_k=2 total_tokens=3"
     assert runs["eagle3@2"]["tree"] == "dynamic depth=1 top_k=1 total_tokens=2, lookup 10"
-    assert runs["eagle2@4"]["tree"] == "dynamic depth=3 top_k=2 total_tokens=4, lookup 10"
+    assert runs["eagle2@4"]["tree"] == "dynamic depth=2 top_k=2 total_tokens=4, lookup 10"
+    assert runs["eagle2@4/3"]["tree"] == "dynamic depth=3 top_k=2 total_tokens=4, lookup 10"  # one depth deeper
     assert runs["medusa@3"]["tree"] == "static first 2 paths of mc_sim_7b_63 (3 nodes), lookup 10"
     assert runs["draft_model@2"]["tree"] == "chain of 1"
-    for label, nodes in (("eagle3@3", 3), ("eagle3+nolookup@3", 3), ("eagle3@2", 2), ("eagle2@4", 4), ("medusa@3", 3),
-                         ("draft_model@2", 2)):
+    for label, nodes in (("eagle3@3", 3), ("eagle3+nolookup@3", 3), ("eagle3@2", 2), ("eagle2@4", 4), ("eagle2@4/3", 4),
+                         ("medusa@3", 3), ("draft_model@2", 2)):
         assert max(int(k) for k in runs[label]["step_tau_histogram"]) <= nodes
     assert all(r["same_as_none"]["same"] for r in data["comparison"][1:])
 
@@ -224,6 +226,10 @@ def test_bad_arguments_exit_2(capsys):
         code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL),
                            "--compare", f"none,{entry}"])
         assert code == 2 and "METHOD@N" in capsys.readouterr().err, entry
+    for entry in ("medusa@3/2", "eagle3@8/0", "eagle3@8/x", f"eagle2@8/{MAX_DEPTH + 1}"):
+        code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL),
+                           "--compare", f"none,{entry}"])
+        assert code == 2 and "a drafting depth is eagle2@N/D" in capsys.readouterr().err, entry
     for entry in ("draft_model+lookup", "eagle3+look", "hf+nolookup@2"):
         code = bench.main(["--family", str(FAMILY), "latency", "--question-set", str(HUMANEVAL),
                            "--compare", f"none,{entry}"])

@@ -312,7 +312,7 @@ def test_smaller_trees_draft_shallower_and_narrower():
     full = TreeSettings(method="eagle2", depth=5, top_k=8, total_tokens=FULL)
     shapes = {n: policy._shrunk(full, n) for n in (8, 4, 3, 2)}
     assert ([(st.total_tokens, st.depth, st.top_k) for st in shapes.values()]
-            == [(8, 4, 4), (4, 3, 2), (3, 2, 2), (2, 1, 1)])
+            == [(8, 3, 4), (4, 2, 2), (3, 2, 2), (2, 1, 1)])
     for n, st in shapes.items():  # the drafted candidates can still fill the tree
         assert st.top_k + (st.depth - 1) * st.top_k ** 2 >= n - 1
 

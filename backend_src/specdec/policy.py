@@ -889,10 +889,15 @@ def smaller_tree_shape(depth: int, top_k: int, nodes: int) -> tuple[int, int]:
     """(depth, top_k) of an EAGLE-2/3 tree of `nodes` nodes cut from one drafted with
     `depth` and `top_k`. A smaller tree is drafted shallower and narrower: drafting costs
     one head forward per depth over top_k nodes per request, and the n best nodes rarely
-    lie deeper than ~log2(n) + 1 or more than n / 2 to a parent (rounded up: a 3-node
-    tree picks its 2 drafts from 2 candidates a depth). Keeping depth 5 / top-k 8 for a
-    2-node tree made drafting cost as much as for 16."""
-    return (min(depth, nodes - 1, math.ceil(math.log2(nodes)) + 1),
+    lie deeper than ~log2(n) (rounded up: 2 for 4 nodes, 3 for 8, 4 for 16) or more than
+    n / 2 to a parent (a 3-node tree picks its 2 drafts from 2 candidates a depth).
+    Keeping depth 5 / top-k 8 for a 2-node tree made drafting cost as much as for 16.
+    One depth more (log2(n) + 1, until engine 0e93edf) gave EAGLE-3's 4-, 8- and 16-node
+    trees 0.5-3.7 % more τ on the held-out chat, code and steered requests
+    (docs/bench/heldout_*), and cost a head forward a step: on the 2-core Xeon VM, paired
+    in one process over 17 of those requests, the trees one depth shallower ran 2.6 %,
+    4.8 % and 3.8 % faster (docs/benchmarks.md 1.33)."""
+    return (min(depth, nodes - 1, math.ceil(math.log2(nodes))),
             min(top_k, max(1, (nodes + 1) // 2)))
 
 

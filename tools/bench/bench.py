@@ -29,7 +29,8 @@ and prints the speedup table (methods x sets; PNG with `--plot`).
 process (one engine holding every drafter) and prints their table; ratios are against
 the first entry. Entries: the engine methods (none, medusa, eagle, eagle2, eagle3,
 draft_model), trees of N nodes (`eagle3@3`: EAGLE-2/3 drafted as adaptive speculation
-drafts that size, `policy.smaller_tree_shape`; `medusa@3`: the first N - 1 paths of the
+drafts that size, `policy.smaller_tree_shape`; `eagle3@8/4`: drafted to depth 4 instead,
+the same top-k, to compare drafting depths side by side; `medusa@3`: the first N - 1 paths of the
 Medusa tree, which Medusa's trees list best first; `draft_model@3`: a chain of N - 1
 drafted tokens), with or without prompt lookup grafted onto EAGLE and Medusa trees
 (`eagle3+nolookup@3`: none; `eagle3+lookup`: up to 10 tokens; neither: the engine's
@@ -95,7 +96,7 @@ from specdec.drafters.choices import parse_choices  # noqa: E402
 from specdec.drafters.lookup import GRAFTED_METHODS as LOOKUP_METHODS  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
-from specdec.policy import MAX_TREE, smaller_tree_shape  # noqa: E402
+from specdec.policy import MAX_DEPTH, MAX_TREE, smaller_tree_shape  # noqa: E402
 from specdec.request import METHODS, AcceptanceStats, GenerationRequest, SamplingParams, SpecParams  # noqa: E402
 
 HF_ENTRIES = ("hf", "hf-assisted", "hf-prompt-lookup")
@@ -281,8 +282,14 @@ def entry_lookup(entry: str) -> Optional[int]:
 
 
 def entry_nodes(entry: str) -> Optional[int]:
-    """The tree size an entry names (`eagle3@3`: 3), else None."""
-    return int(entry.split("@", 1)[1]) if "@" in entry else None
+    """The tree size an entry names (`eagle3@3`, `eagle3@8/4`: 3, 8), else None."""
+    return int(entry.split("@", 1)[1].partition("/")[0]) if "@" in entry else None
+
+
+def entry_depth(entry: str) -> Optional[int]:
+    """The drafting depth an entry names (`eagle3@8/4`: 4), else None."""
+    depth = entry.split("@", 1)[1].partition("/")[2] if "@" in entry else ""
+    return int(depth) if depth else None
 
 
 def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
@@ -300,7 +307,7 @@ def spec_for(args: argparse.Namespace, entry: str) -> SpecParams:
         num_draft_tokens = nodes - 1
     elif nodes is not None:  # cut from the command line's depth and top-k, else EngineConfig's defaults
         depth, top_k = smaller_tree_shape(depth or EngineConfig.eagle_depth, top_k or EngineConfig.eagle_top_k, nodes)
-        total = nodes
+        depth, total = entry_depth(entry) or depth, nodes
     return SpecParams(method=method, choices=choices, depth=depth, top_k=top_k, total_tokens=total,
                       num_draft_tokens=num_draft_tokens, prompt_lookup_tokens=entry_lookup(entry))
 
@@ -433,10 +440,14 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
         _validate_that(not option or (option in ("lookup", "nolookup") and entry_method(e) in LOOKUP_METHODS),
                        f"configuration {e!r}: +lookup and +nolookup follow one of {', '.join(LOOKUP_METHODS)}")
         if "@" in e:
-            size = e.split("@", 1)[1]
+            size, _, depth = e.split("@", 1)[1].partition("/")
             _validate_that(entry_method(e) in SIZED and size.isdigit() and 2 <= int(size) <= MAX_TREE,
                            f"configuration {e!r}: a tree size is METHOD@N with METHOD one of {', '.join(SIZED)} "
                            f"and N from 2 to {MAX_TREE}")
+            _validate_that(not depth or (entry_method(e) in ("eagle2", "eagle3") and depth.isdigit()
+                                         and 1 <= int(depth) <= MAX_DEPTH),
+                           f"configuration {e!r}: a drafting depth is eagle2@N/D or eagle3@N/D with D from 1 to "
+                           f"{MAX_DEPTH}")
     _validate_that(len(set(entries)) == len(entries), f"a configuration appears twice in {entries}")
     return entries
 

@@ -38,6 +38,10 @@
 #              (bench.py --env-variant), into amx_<set>.md
 # layer-ops    the same with SPECDEC_CPU_LAYER_OPS=0 (norms, SiLU and RoPE through torch's operators
 #              instead of the CPU layer operations) as the variant, into layer_ops_<set>.md
+# tree-depths  bench.py latency on held-out chat and code requests (docs/bench/heldout_*; what tree
+#              shapes may be tuned on), 2 paired passes: plain decoding and EAGLE-3 trees of 4, 8 and
+#              16 nodes drafted as adaptive speculation drafts them and one depth deeper (eagle3@8/4),
+#              into tree_depths_<kind>.md (policy.smaller_tree_shape)
 # adaptive-lookup  the same requests, adaptive speculation on: plain decoding, EAGLE-3 and EAGLE-2
 #              with prompt lookup and without, and EAGLE-3 with a pinned 3-node tree (the best
 #              fixed tree at batch 1 on these CPUs) beside them
@@ -149,6 +153,14 @@ for stage in "${stages[@]}"; do
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
         --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;
+    tree-depths)
+      mkdir -p .cache/bench
+      for held in chat code; do
+        $PY tools/bench/bench.py latency --question-set "docs/bench/heldout_${held}_questions.jsonl" \
+          --num-requests 12 --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --repeats 2 \
+          --compare none,eagle3@4,eagle3@4/3,eagle3@8,eagle3@8/4,eagle3@16,eagle3@16/5 \
+          --report-json ".cache/bench/tree_depths_$held.json" --markdown "$OUT/tree_depths_$held.md"
+      done ;;
     adaptive-heldout)
       $PY tools/bench/bench.py latency --question-set docs/bench/heldout_chat_questions.jsonl --num-requests 14 \
         --output-tokens 128 --stop-at-eos --warmup 1 --no-progress --adaptive on --compare none,eagle3,eagle3@3 \
