@@ -893,8 +893,8 @@ def smaller_tree_shape(depth: int, top_k: int, nodes: int) -> tuple[int, int]:
     n / 2 to a parent (a 3-node tree picks its 2 drafts from 2 candidates a depth).
     Keeping depth 5 / top-k 8 for a 2-node tree made drafting cost as much as for 16.
     One depth more (log2(n) + 1, until engine 0e93edf) gave EAGLE-3's 4-, 8- and 16-node
-    trees 0.5-3.7 % more τ on the held-out chat, code and steered requests
-    (docs/bench/heldout_*), and cost a head forward a step: on the 2-core Xeon VM, paired
+    trees 1.0-3.8 % more τ on the held-out chat and code requests, -0.5 to +0.4 % on the
+    steered ones (docs/bench/heldout_*), and cost a head forward a step: on the 2-core Xeon VM, paired
     in one process over 17 of those requests, the trees one depth shallower ran 2.6 %,
     4.8 % and 3.8 % faster (docs/benchmarks.md 1.33)."""
     return (min(depth, nodes - 1, math.ceil(math.log2(nodes))),

@@ -281,14 +281,22 @@ def entry_lookup(entry: str) -> Optional[int]:
     return {"lookup": PROMPT_LOOKUP_TOKENS, "nolookup": 0}.get(entry_option(entry))
 
 
+def entry_tree(entry: str) -> tuple[str, str]:
+    """The tree size and drafting depth an entry names, as written (`eagle3@8/4`: "8", "4";
+    `eagle3@3`: "3", ""; `eagle3`: "", "")."""
+    size, _, depth = entry.partition("@")[2].partition("/")
+    return size, depth
+
+
 def entry_nodes(entry: str) -> Optional[int]:
     """The tree size an entry names (`eagle3@3`, `eagle3@8/4`: 3, 8), else None."""
-    return int(entry.split("@", 1)[1].partition("/")[0]) if "@" in entry else None
+    size = entry_tree(entry)[0]
+    return int(size) if size else None
 
 
 def entry_depth(entry: str) -> Optional[int]:
     """The drafting depth an entry names (`eagle3@8/4`: 4), else None."""
-    depth = entry.split("@", 1)[1].partition("/")[2] if "@" in entry else ""
+    depth = entry_tree(entry)[1]
     return int(depth) if depth else None
 
 
@@ -440,7 +448,7 @@ def parse_entries(args: argparse.Namespace) -> list[str]:
         _validate_that(not option or (option in ("lookup", "nolookup") and entry_method(e) in LOOKUP_METHODS),
                        f"configuration {e!r}: +lookup and +nolookup follow one of {', '.join(LOOKUP_METHODS)}")
         if "@" in e:
-            size, _, depth = e.split("@", 1)[1].partition("/")
+            size, depth = entry_tree(e)
             _validate_that(entry_method(e) in SIZED and size.isdigit() and 2 <= int(size) <= MAX_TREE,
                            f"configuration {e!r}: a tree size is METHOD@N with METHOD one of {', '.join(SIZED)} "
                            f"and N from 2 to {MAX_TREE}")

@@ -168,14 +168,11 @@ class Attention(nn.Module):
         values of all T tokens are still computed (and cached), but the output only at
         those positions: [B, 1, H]."""
         if queries is None:
-            if self.qkv is not None:
-                qkv = self.qkv(x)
-                heads = self._split_heads(qkv, cos, sin)
-                if heads is not None:
-                    return self.o_proj(self._attend_heads(*heads, mask, cache, layer, batch))
-                q, k, v = qkv.split(self.split_sizes, dim=-1)
-            else:
-                q, k, v = self._project(x)
+            qkv = self.qkv(x) if self.qkv is not None else None
+            heads = self._split_heads(qkv, cos, sin)
+            if heads is not None:
+                return self.o_proj(self._attend_heads(*heads, mask, cache, layer, batch))
+            q, k, v = self._project(x, qkv)
             cos_q, sin_q = cos, sin
         else:
             x_q = at_positions(x, queries)  # [B, 1, in]
@@ -193,12 +190,12 @@ class Attention(nn.Module):
         tokens flattened). The projections are one matmul each over all R rows; each
         part attends over its own slots with its own mask. Returns [R, H]."""
         qkv = self.qkv(x) if self.qkv is not None else None  # [R, (H_q + 2 H_kv) D]
-        q, k, v = qkv.split(self.split_sizes, dim=-1) if qkv is not None else self._project(x)  # [R, ...] each
+        q, k, v = self._project(x, qkv)  # [R, ...] each
         outs, start = [], 0
         for part in parts:
             B, T = part.shape
             rows = slice(start, start + B * T)
-            heads = None if qkv is None else self._split_heads(qkv[rows].view(B, T, -1), part.cos, part.sin)
+            heads = self._split_heads(None if qkv is None else qkv[rows].view(B, T, -1), part.cos, part.sin)
             if heads is not None:
                 out = self._attend_heads(*heads, part.batch.mask, cache, layer, part.batch)
             else:
@@ -209,10 +206,12 @@ class Attention(nn.Module):
             start += B * T
         return self.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values of every token of x ([..., in])."""
+    def _project(self, x: torch.Tensor, qkv: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of every token of x ([..., in]); `qkv`: the fused
+        projection's output over x, where the caller has it already."""
         if self.qkv is not None:
-            return self.qkv(x).split(self.split_sizes, dim=-1)
+            return (self.qkv(x) if qkv is None else qkv).split(self.split_sizes, dim=-1)
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope_q: tuple, rope_k: tuple,
@@ -227,12 +226,14 @@ class Attention(nn.Module):
         v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         return self._attend_heads(rope(q, *rope_q), rope(k, *rope_k), v, mask, cache, layer, batch)
 
-    def _split_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def _split_heads(self, qkv: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor
                      ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The fused projection's output qkv [B, T, (H_q + 2 H_kv) D] as q [B, H_q, T, D] and
         k, v [B, H_kv, T, D], RoPE applied to q and k, in one call on the CPU
         (models/cpu_layer_ops.py; `_attend`'s reshapes and `rope` are its twin); None where
-        the kernel does not take them."""
+        the kernel does not take them, or without a fused projection (qkv None)."""
+        if qkv is None:
+            return None
         kernel = cpu_layer_ops.kernel_for(qkv, cos, sin)
         if kernel is None or qkv.dim() != 3 or cos.shape != (qkv.shape[0], 1, qkv.shape[1], self.head_dim):
             return None
