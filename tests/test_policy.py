@@ -14,8 +14,9 @@ import pytest
 
 from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
-from specdec.policy import (DECAY, FIRST_BACKOFF, PLAIN, PRIOR_WEIGHT, REPLAN_STEPS, SPECULATE_MARGIN,
-                            AdaptiveState, SpeculationPolicy, copy_alone, _ladder, describe, smaller_tree_shape)
+from specdec.request import GenerationRequest, SpecParams
+from specdec.policy import (DECAY, DEFAULT_TREE, FIRST_BACKOFF, PLAIN, PRIOR_WEIGHT, REPLAN_STEPS,
+                            SPECULATE_MARGIN, AdaptiveState, SpeculationPolicy, copy_alone, _ladder, describe, smaller_tree_shape)
 from specdec.tree_shares import depth_share
 from specdec.drafters.base import TreeSettings
 from specdec.drafters.lookup import NgramIndex
@@ -315,6 +316,59 @@ def test_smaller_trees_draft_shallower_and_narrower():
             == [(8, 3, 4), (4, 2, 2), (3, 2, 2), (2, 1, 1)])
     for n, st in shapes.items():  # the drafted candidates can still fill the tree
         assert st.top_k + (st.depth - 1) * st.top_k ** 2 >= n - 1
+
+
+def shape_of(policy: SpeculationPolicy, method: str = "eagle2", **spec) -> tuple[int, int, int]:
+    st = policy.resolve(GenerationRequest("r", [1, 2], 4, spec=SpecParams(method=method, **spec)))
+    return st.total_tokens, st.depth, st.top_k
+
+
+def test_a_tree_smaller_than_the_configured_one_is_drafted_in_its_smaller_shape():
+    """eagle_depth / eagle_top_k shape the configured tree (DEFAULT_TREE nodes where
+    calibration chooses the size). A smaller tree, whether a request names its size or
+    calibration chose it, drafts the shape adaptive speculation cuts such a tree to:
+    calibration chose 8 nodes on the Xeon VM, and its trees kept depth 5 / top-k 8,
+    drafting in 8.3 ms where an 8-node tree at depth 3 / top-k 4 took 4.6 ms. A depth or
+    top-k the request names is kept; sizes at or above the configured one keep the
+    configured shape; other methods keep theirs."""
+    policy = SpeculationPolicy(EngineConfig(base_model_dir="unused", speculative_method="eagle3"),
+                               {"eagle2": None, "eagle3": None, "draft_model": None}, {}, 0)
+    cut = policy._shrunk(TreeSettings(method="eagle3", depth=5, top_k=8, total_tokens=DEFAULT_TREE), 8)
+    assert shape_of(policy, "eagle3") == (DEFAULT_TREE, 5, 8)
+    assert shape_of(policy, "eagle3", total_tokens=8) == (8, cut.depth, cut.top_k) == (8, 3, 4)
+    assert shape_of(policy, total_tokens=4) == (4, 2, 2)
+    assert shape_of(policy, total_tokens=8, depth=5) == (8, 5, 4)  # what the request names stays
+    assert shape_of(policy, total_tokens=8, top_k=6) == (8, 3, 6)
+    assert shape_of(policy, total_tokens=32) == (32, 5, 8)
+    assert shape_of(policy, total_tokens=1) == (1, 5, 8)  # no drafts to shape
+    assert shape_of(policy, "draft_model", total_tokens=8)[1:] == (5, 8)
+    policy.total_tokens = 8  # what calibration chose
+    assert shape_of(policy, "eagle3") == (8, 3, 4)
+    assert policy.tree_shape("eagle3", policy.total_tokens) == (3, 4)  # (the load note's)
+    configured = SpeculationPolicy(EngineConfig(base_model_dir="unused", eagle_total_tokens=8),
+                                   {"eagle2": None}, {}, 0)
+    assert shape_of(configured) == (8, 5, 8)  # the configured tree keeps the configured shape
+    assert shape_of(configured, total_tokens=4) == (4, 2, 2)
+
+
+def test_calibration_times_each_tree_size_in_the_shape_it_serves():
+    """`_choose_total_tokens` generates through `resolve`, so each size is timed in the
+    shape a request of that size gets: a size below DEFAULT_TREE drafted shallower."""
+    timed = {}
+
+    class Engine:
+        max_context = 4096
+
+        def generate(self, req):
+            st = policy.resolve(req)
+            timed[st.total_tokens] = (st.depth, st.top_k)
+            return list(range(req.max_tokens)), None, None
+
+    policy = SpeculationPolicy(EngineConfig(base_model_dir="unused", speculative_method="eagle3"),
+                               {"eagle3": None}, {}, 0)
+    policy.calibration_prompt = [1, 2, 3]
+    policy._choose_total_tokens(Engine())
+    assert timed == {4: (2, 2), 8: (3, 4), 16: (5, 8), 32: (5, 8), 64: (5, 8)}
 
 
 def test_the_plan_picks_a_three_node_tree_only_where_verify_runs_eagerly():

@@ -4,7 +4,8 @@
   config; unknown methods, methods whose weights are not loaded and bad choices are
   the caller's error (InputError).
 - `calibrate` (at load): when `eagle_total_tokens` is 0, chooses the EAGLE-2/3 tree
-  size by timing generation with each candidate size (EAGLE-2's `total_token=-1`,
+  size by timing generation with each candidate size, a size below DEFAULT_TREE drafted
+  shallower and narrower as any such tree is (`tree_shape`; EAGLE-2's `total_token=-1`,
   measured end to end with the drafter); with adaptive speculation on, measures the
   step costs of `step_cost.StepCost` (verify forward by batch and tree size, drafting
   by method, tree size and batch) and each drafter's acceptance, with the share of it
@@ -70,6 +71,7 @@ from .tree_shares import ServedShares, accepted_within, depth_share, fitted_shar
 MAX_DEPTH = 12
 MAX_TOP_K = 16
 MAX_TREE = 128
+DEFAULT_TREE = 16  # EAGLE-2/3 tree size before (or without) calibration
 CALIBRATION_SIZES = (4, 8, 16, 32, 64)  # EAGLE-2/3 tree sizes timed when eagle_total_tokens is 0
 WARM_UP_TOKENS = 8  # the untimed generation before each size's timed one
 CALIBRATION_PREFIX = 128  # cached tokens before the tree in the verify timings
@@ -229,7 +231,8 @@ class SpeculationPolicy:
         self.trees = trees  # method -> default StaticTree (medusa, eagle)
         self.medusa_heads = medusa_heads
         self.available: set[str] = {"none"} | set(drafters)
-        self.total_tokens = config.eagle_total_tokens or 16
+        self.total_tokens = config.eagle_total_tokens or DEFAULT_TREE
+        self.shaped_size = self.total_tokens  # the tree size eagle_depth and eagle_top_k shape (`tree_shape`)
         self.calibration: dict[int, float] = {}  # EAGLE-2/3 tree size -> seconds per token
         self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
@@ -271,12 +274,12 @@ class SpeculationPolicy:
                               f"speculative_choices has {len(choices.parents)} nodes; at most {MAX_TREE}")
             else:
                 choices = self.trees[method]
-        depth = spec.depth or self.config.eagle_depth
-        top_k = spec.top_k or self.config.eagle_top_k
-        validate_that(depth <= MAX_DEPTH, f"eagle_depth must be <= {MAX_DEPTH}, got {depth}")
-        validate_that(top_k <= MAX_TOP_K, f"eagle_top_k must be <= {MAX_TOP_K}, got {top_k}")
         total = spec.total_tokens or self.total_tokens
         validate_that(total <= MAX_TREE, f"eagle_total_tokens must be <= {MAX_TREE}, got {total}")
+        depth, top_k = self.tree_shape(method, total)
+        depth, top_k = spec.depth or depth, spec.top_k or top_k
+        validate_that(depth <= MAX_DEPTH, f"eagle_depth must be <= {MAX_DEPTH}, got {depth}")
+        validate_that(top_k <= MAX_TOP_K, f"eagle_top_k must be <= {MAX_TOP_K}, got {top_k}")
         n_draft = spec.num_draft_tokens if spec.num_draft_tokens is not None else self.config.num_draft_tokens
         validate_that(n_draft <= MAX_DEPTH * 2, f"num_draft_tokens must be <= {MAX_DEPTH * 2}, got {n_draft}")
         # the branch is cut to the tree's draft nodes, so any length is safe
@@ -291,6 +294,20 @@ class SpeculationPolicy:
         return TreeSettings(method=method, choices=choices, depth=depth, top_k=top_k, total_tokens=total,
                             num_draft_tokens=n_draft, pinned=pinned,
                             lookup_tokens=lookup if method in GRAFTED_METHODS else 0)
+
+    def tree_shape(self, method: str, total: int) -> tuple[int, int]:
+        """(depth, top_k) of a request's EAGLE-2/3 tree of `total` nodes whose request
+        names neither. `eagle_depth` and `eagle_top_k` shape the configured tree
+        (`eagle_total_tokens`, or DEFAULT_TREE nodes where calibration chooses the size);
+        a smaller tree, whether calibration chose it or the request named it, is drafted
+        with `smaller_tree_shape`, as adaptive speculation drafts the trees it cuts. At
+        load on the Xeon VM, the 8-node tree calibration chose drafted in 8.3 ms at the
+        configured depth 5 / top-k 8, and an 8-node tree cut to depth 3 / top-k 4 in
+        4.6 ms (docs/benchmarks.md 4.2 and 2.1)."""
+        depth, top_k = self.config.eagle_depth, self.config.eagle_top_k
+        if method in ("eagle2", "eagle3") and 2 <= total < self.shaped_size:
+            return smaller_tree_shape(depth, top_k, total)
+        return depth, top_k
 
     @staticmethod
     def group_key(st: TreeSettings) -> tuple:
@@ -789,8 +806,9 @@ class SpeculationPolicy:
 
     def _choose_total_tokens(self, engine) -> None:
         """Chooses the EAGLE-2/3 tree size (eagle_total_tokens 0) by timing one generation
-        per candidate size, each after a short warm-up generation of its own: a size's
-        first steps pay first-use costs (new shapes; on a GPU, allocations and library
+        per candidate size, drafted in the shape a request of that size gets
+        (`tree_shape`), each after a short warm-up generation of its own: a size's first
+        steps pay first-use costs (new shapes; on a GPU, allocations and library
         heuristics) that a timing of one generation would charge to that size alone. On
         an H100, with only the first size warmed, 8-node trees timed at 2.9x the per-token
         cost of 4-node ones and 1.4x that of 64-node ones
@@ -947,7 +965,8 @@ def describe(policy: SpeculationPolicy) -> Optional[str]:
     parts = [policy.calibration_note] if policy.calibration_note else []
     if policy.calibration:
         cal = ", ".join(f"{n}:{t * 1e3:.1f}ms/tok" for n, t in policy.calibration.items())
-        parts.append(f"eagle total_tokens {policy.total_tokens} [{cal}]")
+        depth, top_k = policy.tree_shape(policy.config.speculative_method, policy.total_tokens)
+        parts.append(f"eagle total_tokens {policy.total_tokens} (depth {depth}, top-k {top_k}) [{cal}]")
     if policy.cost.ready:
         parts.append(policy.cost.describe())
     if policy.prior_accept:
