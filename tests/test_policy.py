@@ -16,7 +16,8 @@ from engine_helpers import code_prompts, make_engine, request, run_batch
 from specdec.config import EngineConfig
 from specdec.request import GenerationRequest, SpecParams
 from specdec.policy import (DECAY, DEFAULT_TREE, FIRST_BACKOFF, PLAIN, PRIOR_WEIGHT, REPLAN_STEPS,
-                            SPECULATE_MARGIN, AdaptiveState, SpeculationPolicy, copy_alone, _ladder, describe, smaller_tree_shape)
+                            SPECULATE_MARGIN, AdaptiveState, SpeculationPolicy, copy_alone, _ladder, describe,
+                            smaller_tree_shape)
 from specdec.tree_shares import depth_share
 from specdec.drafters.base import TreeSettings
 from specdec.drafters.lookup import NgramIndex

@@ -232,7 +232,6 @@ class SpeculationPolicy:
         self.medusa_heads = medusa_heads
         self.available: set[str] = {"none"} | set(drafters)
         self.total_tokens = config.eagle_total_tokens or DEFAULT_TREE
-        self.shaped_size = self.total_tokens  # the tree size eagle_depth and eagle_top_k shape (`tree_shape`)
         self.calibration: dict[int, float] = {}  # EAGLE-2/3 tree size -> seconds per token
         self.cost = StepCost([1], [1])  # replaced by the measured one at load (adaptive speculation on)
         self.prior_accept: dict[str, float] = {}  # method -> accepted drafts per step (measured at load)
@@ -305,7 +304,7 @@ class SpeculationPolicy:
         configured depth 5 / top-k 8, and an 8-node tree cut to depth 3 / top-k 4 in
         4.6 ms (docs/benchmarks.md 4.2 and 2.1)."""
         depth, top_k = self.config.eagle_depth, self.config.eagle_top_k
-        if method in ("eagle2", "eagle3") and 2 <= total < self.shaped_size:
+        if method in ("eagle2", "eagle3") and 2 <= total < (self.config.eagle_total_tokens or DEFAULT_TREE):
             return smaller_tree_shape(depth, top_k, total)
         return depth, top_k
 
