@@ -39,7 +39,7 @@ def fail_the_build(module: Any, monkeypatch, tmp_path) -> None:
     process's build is forgotten for the test and restored after."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("not built off x86-64 at all")
-    monkeypatch.setattr(module, "_kernel", {})
+    monkeypatch.setattr(module.KERNEL, "cache", {})
     monkeypatch.setattr(module, "kernel_dir", lambda: tmp_path)
 
 

@@ -100,7 +100,7 @@ def test_the_tile_layout_puts_every_weight_where_it_belongs(kernel, form):
 
 
 def test_a_cpu_without_amx_builds_nothing(monkeypatch):
-    monkeypatch.setattr(cpu_amx, "_kernel", {})
+    monkeypatch.setattr(cpu_amx.KERNEL, "cache", {})
     monkeypatch.setattr(cpu_amx, "cpu_has_amx", lambda: False)
     monkeypatch.setattr(cpu_amx.cpu_extensions, "load", lambda *a: pytest.fail("built on a CPU without AMX"))
     assert cpu_amx.amx_kernel() is None and cpu_amx.build_id() is None

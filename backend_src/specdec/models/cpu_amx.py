@@ -35,8 +35,6 @@ decoding's there, as they do wherever routing sends row counts to different path
 """
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -51,21 +49,6 @@ SOURCE_NAME = "cpu_amx_linear.cpp"
 TILE_FEATURES = 16  # output features a tile product gives: N must be a multiple
 BLOCK = 32  # inputs per scale and offset (GGUF's Q4_1 blocks): K must be a multiple
 MIN_ROWS = 4  # calls with fewer rows keep to the streamed kernel (as fast or faster there)
-
-_lock = threading.Lock()
-_kernel: dict[str, Any] = {}  # "module" -> the built extension when AMX is usable, or None
-
-
-def wanted() -> bool:
-    """The kernel may be built and used (SPECDEC_CPU_AMX is not 0)."""
-    return os.environ.get("SPECDEC_CPU_AMX", "auto") != "0"
-
-
-def amx_kernel() -> Optional[Any]:
-    """The built extension (its `amx_linear(x, q, scales, offsets, bias)`), building it at the
-    first call; None when it is turned off, cannot be built (logged once) or this CPU or OS
-    gives no AMX tiles."""
-    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
 
 
 def _build() -> Optional[Any]:
@@ -87,11 +70,12 @@ def cpu_has_amx() -> bool:
     return {"amx_tile", "amx_bf16"} <= flags
 
 
-def build_id() -> Optional[str]:
-    """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
-    it is off, cannot be built or has no tiles here: what timings measured with it depend on."""
-    kernel = amx_kernel()
-    return None if kernel is None else kernel.__name__
+KERNEL = cpu_extensions.LazyKernel("SPECDEC_CPU_AMX", _build)
+wanted = KERNEL.wanted  # SPECDEC_CPU_AMX=0 never builds it
+# The extension (its `amx_linear(x, q, scales, offsets, bias)`), or None: off, not built, or
+# no AMX tiles on this CPU or from this OS.
+amx_kernel = KERNEL.module
+build_id = KERNEL.build_id
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,6 @@ depend on the rows beside it in a call.
 """
 from __future__ import annotations
 
-import os
-import threading
 from typing import Any, Optional
 
 import torch
@@ -37,31 +35,15 @@ LANES = 16  # the head dim must be a multiple of this
 MAX_HEAD_DIM = 128
 MAX_QUERY_TOKENS = 64  # longer forwards (prefill) keep to torch's flash kernel, made for them
 
-_lock = threading.Lock()
-_kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
-
-
-def wanted() -> bool:
-    """The kernel may be built and used (SPECDEC_CPU_ATTENTION is not 0)."""
-    return os.environ.get("SPECDEC_CPU_ATTENTION", "auto") != "0"
-
-
-def attention_kernel() -> Optional[Any]:
-    """The built extension (its `tree_attention(q, k, v, mask)`), building it at the first
-    call; None when it is turned off or cannot be built (logged once)."""
-    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
-
-
 def _build() -> Optional[Any]:
     return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_tree_attention", "CPU attention kernel",
                                "attention keeps to torch's kernels")
 
 
-def build_id() -> Optional[str]:
-    """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
-    it is off or cannot be built: what timings measured with it depend on."""
-    kernel = attention_kernel()
-    return None if kernel is None else kernel.__name__
+KERNEL = cpu_extensions.LazyKernel("SPECDEC_CPU_ATTENTION", _build)
+wanted = KERNEL.wanted  # SPECDEC_CPU_ATTENTION=0 never builds it
+attention_kernel = KERNEL.module  # the extension (its `tree_attention(q, k, v, mask)`), or None
+build_id = KERNEL.build_id
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:

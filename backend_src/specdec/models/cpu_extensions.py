@@ -18,6 +18,7 @@ import logging
 import os
 import platform
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -59,16 +60,40 @@ def load(path: Path, prefix: str, what: str, otherwise: str) -> Optional[Any]:
     return module
 
 
-def built_once(cache: dict[str, Any], lock: Any, build: Callable[[], Optional[Any]]) -> Optional[Any]:
-    """`cache["module"]`, made by `build()` at the first call (under `lock`, so that one thread
-    builds while others wait): a kernel module's lazy getter. `build` returning None (no
-    compiler, a failed build) is kept too, so a failure is tried and logged once."""
-    if "module" in cache:  # built (or failed) already: no lock needed to read it
-        return cache["module"]
-    with lock:
-        if "module" not in cache:
-            cache["module"] = build()
-        return cache["module"]
+class LazyKernel:
+    """One kernel's extension, made by `build` at its first use: what each kernel module's
+    getter, `wanted` and `build_id` are. The environment variable `switch` set to 0 turns
+    the kernel off (nothing is built). One thread builds while others wait, and `build`
+    returning None (no compiler, a failed build) is kept too, so a failure is tried and
+    logged once per process."""
+
+    def __init__(self, switch: str, build: Callable[[], Optional[Any]]):
+        self.switch = switch
+        self._build = build
+        self._lock = threading.Lock()
+        self.cache: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
+
+    def wanted(self) -> bool:
+        """The kernel may be built and used (`switch` is not 0)."""
+        return os.environ.get(self.switch, "auto") != "0"
+
+    def module(self) -> Optional[Any]:
+        """The built extension, building it at the first call; None when the kernel is
+        turned off or cannot be built."""
+        if not self.wanted():
+            return None
+        if "module" in self.cache:  # built (or failed) already: no lock needed to read it
+            return self.cache["module"]
+        with self._lock:
+            if "module" not in self.cache:
+                self.cache["module"] = self._build()
+            return self.cache["module"]
+
+    def build_id(self) -> Optional[str]:
+        """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
+        it is off or cannot be built: what timings measured with it depend on."""
+        module = self.module()
+        return None if module is None else module.__name__
 
 
 def _ninja_on_path() -> None:

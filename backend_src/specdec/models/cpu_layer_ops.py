@@ -21,8 +21,6 @@ linear does from `F.linear`. A row's result depends on that row alone.
 """
 from __future__ import annotations
 
-import os
-import threading
 from typing import Any, Optional
 
 import torch
@@ -32,31 +30,15 @@ from . import cpu_extensions
 
 SOURCE_NAME = "cpu_layer_ops.cpp"
 
-_lock = threading.Lock()
-_kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
-
-
-def wanted() -> bool:
-    """The kernels may be built and used (SPECDEC_CPU_LAYER_OPS is not 0)."""
-    return os.environ.get("SPECDEC_CPU_LAYER_OPS", "auto") != "0"
-
-
-def layer_ops_kernel() -> Optional[Any]:
-    """The built extension (`rms_norm`, `silu_mul`, `rope_qkv`, `write_kv`), building it at
-    the first call; None when it is turned off or cannot be built (logged once)."""
-    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
-
-
 def _build() -> Optional[Any]:
     return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_layer_ops", "CPU layer operations",
                                "norms, SiLU and RoPE keep to torch's operators")
 
 
-def build_id() -> Optional[str]:
-    """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
-    it is off or cannot be built: what timings measured with it depend on."""
-    kernel = layer_ops_kernel()
-    return None if kernel is None else kernel.__name__
+KERNEL = cpu_extensions.LazyKernel("SPECDEC_CPU_LAYER_OPS", _build)
+wanted = KERNEL.wanted  # SPECDEC_CPU_LAYER_OPS=0 never builds them
+layer_ops_kernel = KERNEL.module  # the extension (`rms_norm`, `silu_mul`, `rope_qkv`, `write_kv`), or None
+build_id = KERNEL.build_id
 
 
 def kernel_for(*tensors: torch.Tensor) -> Optional[Any]:

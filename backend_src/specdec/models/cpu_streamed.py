@@ -40,7 +40,6 @@ same path for the routing, timed as one.
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Optional
@@ -59,26 +58,16 @@ Q4_LEVELS = 15  # the largest 4-bit value
 PROBE_ROWS = 8  # rows `compact_weight` tries before a whole weight
 CHUNK_ROWS = 4096  # rows `int8_blocks` and `q4_blocks` check at a time (bounds their temporaries)
 
-_lock = threading.Lock()
-_kernel: dict[str, Any] = {}  # "module" -> the built extension, or None once a build failed
+
+def _build() -> Optional[Any]:
+    return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_streamed_linear", "streamed CPU linear",
+                               "matmuls keep to MKL and oneDNN")
 
 
-def wanted() -> bool:
-    """The streamed path may be built and timed (SPECDEC_CPU_STREAMED is not 0)."""
-    return os.environ.get("SPECDEC_CPU_STREAMED", "auto") != "0"
-
-
-def streamed_kernel() -> Optional[Any]:
-    """The built extension (its `streamed_linear(x, w, bias)`), building it at the
-    first call; None when it is turned off or cannot be built (logged once)."""
-    return cpu_extensions.built_once(_kernel, _lock, _build) if wanted() else None
-
-
-def build_id() -> Optional[str]:
-    """The built kernel's name (a hash of its source, flags, CPU and torch), or None when
-    it is off or cannot be built: what timings measured with it depend on."""
-    kernel = streamed_kernel()
-    return None if kernel is None else kernel.__name__
+KERNEL = cpu_extensions.LazyKernel("SPECDEC_CPU_STREAMED", _build)
+wanted = KERNEL.wanted  # SPECDEC_CPU_STREAMED=0 never builds nor times it
+streamed_kernel = KERNEL.module  # the extension (its `streamed_linear(x, w, bias)`), or None
+build_id = KERNEL.build_id
 
 
 def compact_wanted() -> bool:
@@ -240,8 +229,3 @@ def twin(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) ->
 def build_name(source: bytes) -> str:
     """The extension's name: the source, flags, CPU and torch hashed (`cpu_extensions`)."""
     return cpu_extensions.build_name("specdec_streamed_linear", source)
-
-
-def _build() -> Optional[Any]:
-    return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_streamed_linear", "streamed CPU linear",
-                               "matmuls keep to MKL and oneDNN")
