@@ -55,6 +55,22 @@ def q4_1_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_1).copy()).float().reshape(rows, cols)
 
 
+def int8_rows_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight as the EAGLE-3 head is set up: int8 rows with a float32 scale each,
+    through tools/packed_rows.py's own quantizer and dequantizer (rows of magnitudes from
+    1e-3 to 1; a block's scale is its row's, not its own largest magnitude over 127)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import packed_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(rows, cols, generator=gen) * torch.logspace(-3, 0, rows)[:, None]
+    if rows > 1:
+        values[1] = 0.0  # an all-zero row
+    return packed_rows.dequantize(*packed_rows.quantize(values), torch.float32)
+
+
 def q8_0_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     """A float32 weight as GGUF's Q8_0 blocks dequantize to, through the gguf package
     (its quantizer and dequantizer, as tools/convert_gguf.py reads a GGUF)."""

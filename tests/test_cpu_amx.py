@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels import can_build, fail_the_build, q4_1_weight, q8_0_weight
+from cpu_kernels import can_build, fail_the_build, int8_rows_weight, q4_1_weight, q8_0_weight
 from specdec.models import cpu_amx, cpu_streamed
 
 
@@ -36,10 +36,10 @@ def tiled(w: torch.Tensor) -> cpu_amx.TiledWeight:
     return cpu_amx.tile_int8(blocks.values, blocks.scales)
 
 
-MAKE = {"Q4_1": q4_1_weight, "Q8_0": q8_0_weight}
+MAKE = {"Q4_1": q4_1_weight, "Q8_0": q8_0_weight, "int8 rows": int8_rows_weight}
 
 
-@pytest.mark.parametrize("form", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("form", ["Q4_1", "Q8_0", "int8 rows"])
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 8, 15, 16, 17, 33])
 @pytest.mark.parametrize("shape", [(576, 960), (1536, 576), (32, 16), (64, 48)])
 @pytest.mark.parametrize("bias", [False, True])

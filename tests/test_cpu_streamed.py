@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cpu_kernels import built_or_skip, fail_the_build, q4_1_weight, q8_0_weight
+from cpu_kernels import built_or_skip, fail_the_build, int8_rows_weight, q4_1_weight, q8_0_weight
 from specdec.models import cpu_linear, cpu_streamed
 from specdec.models.cpu_linear import COPY_MARGIN, ROW_LADDER, RowRouting, plan_paths, use_packed_cpu_linears
 
@@ -159,15 +159,17 @@ def test_compact_weight_only_where_exact(monkeypatch):
     assert cpu_streamed.compact_weight(tiny).values.dtype == torch.bfloat16
     blocks = q8_0_weight(64, 64)
     assert cpu_streamed.compact_weight(blocks).values.dtype == torch.int8
+    int8_rows = int8_rows_weight(64, 64)
+    assert cpu_streamed.compact_weight(int8_rows).values.dtype == torch.int8
     four_bit = q4_1_weight(64, 64)
     assert cpu_streamed.compact_weight(four_bit).values.dtype == torch.uint8
-    for exact in (half, wide, blocks, four_bit):
+    for exact in (half, wide, blocks, int8_rows, four_bit):
         almost = exact.clone()
         almost[17, 3] = torch.nextafter(almost[17, 3], torch.tensor(1e30))  # one value off, past the probe rows
         assert cpu_streamed.compact_weight(almost).values is almost
         assert torch.equal(widened(cpu_streamed.compact_weight(exact)), exact)
     monkeypatch.setenv("SPECDEC_CPU_STREAMED_COMPACT", "0")
-    for exact in (half, blocks, four_bit):
+    for exact in (half, blocks, int8_rows, four_bit):
         assert cpu_streamed.compact_weight(exact).values is exact
 
 
@@ -185,23 +187,24 @@ def widened(weight: cpu_streamed.KernelWeight) -> torch.Tensor:
     return blocks.view(rows, -1)
 
 
-@pytest.mark.parametrize("form", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("form", ["Q8_0", "Q4_1", "int8 rows"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
 @pytest.mark.parametrize("shape", [(576, 960), (64, 33), (32, 1)])
 def test_gguf_blocks_give_the_float32_weights_results_bit_for_bit(kernel, form, rows, shape, monkeypatch):
-    """A weight as GGUF's Q8_0 or Q4_1 blocks dequantize to, read as int8 or 4-bit blocks:
-    exactly its values, and the kernel's results on it equal its results on the float32
-    weight, bit for bit (13 rows: two blocks of rows, each widening the weight). The AMX
-    kernel, which would take the 4-bit weight's calls of 8 and 13 rows, is off here
-    (tests/test_cpu_amx.py)."""
+    """A weight as GGUF's Q8_0 or Q4_1 blocks dequantize to, or as the EAGLE-3 head's int8
+    rows (tools/packed_rows.py) do, read as int8 or 4-bit blocks: exactly its values, and
+    the kernel's results on it equal its results on the float32 weight, bit for bit (13
+    rows: two blocks of rows, each widening the weight). The AMX kernel, which would take
+    the calls of 8 and 13 rows, is off here (tests/test_cpu_amx.py)."""
     monkeypatch.setenv("SPECDEC_CPU_AMX", "0")
     in_features, out_features = shape
-    make, dtype, per_byte = {"Q8_0": (q8_0_weight, torch.int8, 1), "Q4_1": (q4_1_weight, torch.uint8, 2)}[form]
+    make, dtype, per_byte = {"Q8_0": (q8_0_weight, torch.int8, 1), "Q4_1": (q4_1_weight, torch.uint8, 2),
+                             "int8 rows": (int8_rows_weight, torch.int8, 1)}[form]
     w = make(out_features, in_features, seed=rows)
     compact = cpu_streamed.compact_weight(w)
     assert compact.values.dtype == dtype and compact.values.shape == (out_features, in_features // per_byte)
     assert compact.scales.shape == (out_features, in_features // 32)
-    assert (compact.offsets is None) == (form == "Q8_0")
+    assert (compact.offsets is None) == (form != "Q4_1")
     assert torch.equal(widened(compact), w)
     x, b = torch.randn(rows, in_features), torch.randn(out_features)
     got = cpu_streamed.streamed_linear(kernel, x, compact, b)
@@ -247,6 +250,21 @@ def test_the_real_weights_are_read_as_4bit_and_int8_blocks():
     assert compact.values.dtype == torch.int8 and torch.equal(widened(compact), head)
     compact = cpu_streamed.compact_weight(layer)
     assert compact.values.dtype == torch.uint8 and torch.equal(widened(compact), layer)
+
+
+def test_the_eagle3_heads_weights_are_read_as_int8_blocks():
+    """The EAGLE-3 head as setup writes it (its int8 rows' products, tools/packed_rows.py):
+    each weight matrix an exact int8 form."""
+    from safetensors import safe_open
+    from setup_model import FAMILY_DIR
+    path = FAMILY_DIR / "eagle3" / "model.safetensors"
+    if not path.is_file():
+        pytest.skip("SmolLM2's family not set up (python tools/setup_model.py)")
+    with safe_open(str(path), "pt") as f:
+        for name in ("lm_head.weight", "fc.weight", "midlayer.mlp.down_proj.weight"):
+            weight = f.get_tensor(name)
+            compact = cpu_streamed.compact_weight(weight)
+            assert compact.values.dtype == torch.int8 and torch.equal(widened(compact), weight), name
 
 
 def test_eligible_weights():

@@ -8,8 +8,10 @@ import json
 import logging
 
 import pytest
+import torch
 import torch.nn as nn
 
+from cpu_kernels import int8_rows_weight
 from specdec import routing_cache
 from specdec.models import cpu_linear
 from specdec.models.cpu_linear import ROW_LADDER, onednn_available, packed_layers, use_packed_cpu_linears
@@ -199,6 +201,22 @@ def test_fingerprint_names_the_streamed_kernel_it_could_time(monkeypatch):
     odd = routing_cache.fingerprint(model(width=72))  # 72 inputs: not a multiple of 16, never streamed
     monkeypatch.delenv("SPECDEC_CPU_STREAMED")
     assert odd["streamed"] is None and routing_cache.fingerprint(model(width=72))["streamed"] is None
+
+
+def test_fingerprint_names_the_form_the_kernel_reads_each_weight_in():
+    """A routing timed on a head set up in float16 is not read back for the same shapes
+    set up as int8 rows (tools/packed_rows.py), which the kernel reads in half the bytes."""
+    layers = model()
+    if routing_cache.fingerprint(layers)["streamed"] is None:
+        pytest.skip("no streamed kernel here: the forms are not timed")
+    for m in layers:
+        m.weight.data = m.weight.data.half().float()
+    half = routing_cache.fingerprint(layers)
+    for m in layers:
+        m.weight.data = int8_rows_weight(*m.weight.shape)
+    rows = routing_cache.fingerprint(layers)
+    assert half["forms"] == ["float16", "float16"] and rows["forms"] == ["int8", "int8"]
+    assert half["layers"] == rows["layers"] and half != rows
 
 
 def test_fingerprint_says_whether_the_kernel_reads_compact_copies(monkeypatch):

@@ -8,11 +8,14 @@ tree must stay under 48 MB. The committed folder holds
     int8_rows.safetensors   for each 2-D float weight NAME [R, C]:
                               NAME            int8 [R, C]   round(row / scale)
                               NAME.row_scale  float32 [R]   max |row| / 127
-                            metadata "dtype": the checkpoint's float dtype
+                            metadata "dtype": the trained checkpoint's float dtype
 
 and setup (`unpack`) writes the upstream layout again: one `model.safetensors` with every
-weight as `NAME * NAME.row_scale` in that dtype. A value moves by at most half its row's
-scale (0.4 % of the row's largest value). On the 45 held-out chat requests that left
+weight as `NAME * NAME.row_scale` in float32, the products exactly (every other tensor as
+committed). Any loader takes float32; the engine's CPU kernels find the int8 rows in it
+again and read one byte a weight (`cpu_streamed.int8_blocks`), where float16 values,
+rounded from the products, would have cost two. A value moves by at most half its row's
+scale (0.4 % of the row's largest value) from the trained one. On the 45 held-out chat requests that left
 EAGLE-3's τ where it was (round 15's head 2.809 in float16, 2.812 packed; round 14's 2.762
 and 2.756), while packing the EAGLE-1 head as well cost it 0.015 (2.286 to 2.271), so that
 head stays float16. Whatever the rounding, drafting stays lossless: the target verifies
@@ -68,9 +71,10 @@ def pack(head_dir: Path, out_dir: Path) -> None:
             shutil.copy(f, out_dir / f.name)
 
 
-def unpack(committed_dir: Path, out_dir: Path) -> None:
-    """The committed folder -> the upstream layout in `out_dir`. A folder without
-    `int8_rows.safetensors` is copied as it is."""
+def unpack(committed_dir: Path, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+    """The committed folder -> the upstream layout in `out_dir`, its matrices in `dtype`
+    (float32, the products exactly; float16 is how setup wrote them until 2026-12-02, kept
+    to compare with). A folder without `int8_rows.safetensors` is copied as it is."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -83,7 +87,6 @@ def unpack(committed_dir: Path, out_dir: Path) -> None:
         return
     state = load_file(str(committed_dir / HEAD_FILE))
     with safe_open(str(packed_path), framework="pt") as f:
-        dtype = getattr(torch, f.metadata()["dtype"].removeprefix("torch."))
         packed = {name: f.get_tensor(name) for name in f.keys()}
     for name in (n for n in packed if not n.endswith(SCALE)):
         if name in state:
@@ -97,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=("pack", "unpack"))
     ap.add_argument("src", type=Path)
     ap.add_argument("out", type=Path)
+    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                    help="unpack: the matrices' dtype (default float32, the int8 rows' products exactly)")
     args = ap.parse_args(argv)
     if args.action == "pack":
         pack(args.src, args.out)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
-        unpack(args.src, args.out)
+        unpack(args.src, args.out, getattr(torch, args.dtype))
     return 0
 
 

@@ -13,7 +13,7 @@
    - `eagle/`: copied as it is;
    - `eagle3/`: its weight matrices, committed as int8 rows with a scale each
      (`int8_rows.safetensors`, tools/packed_rows.py), go back into
-     `model.safetensors` in float16;
+     `model.safetensors` as their products in float32;
    - `medusa/`: `medusa_resblocks.safetensors` (the trained residual blocks) plus the
      target's LM head as every head's projection (trained frozen) ->
      `medusa_lm_head.safetensors`;
@@ -179,7 +179,7 @@ def setup_drafter(name: str) -> Path | None:
         return None
     out = FAMILY_DIR / name
     # Medusa and the draft model take the target's tensors; a head folder is unpacked
-    # (packed_rows: EAGLE-3's int8 rows back to float16; a folder without them is copied)
+    # (packed_rows: EAGLE-3's int8 rows back to float32; a folder without them is copied)
     complete = {"medusa": complete_medusa, "draft": complete_draft}.get(name, packed_rows.unpack)
     builders = [Path(__file__)] + ([Path(packed_rows.__file__)] if complete is packed_rows.unpack else [])
     key = _files_key(src, BASE_DIR / ".built_from", *builders)

@@ -96,14 +96,19 @@ def fingerprint(layers: list[PackedCpuLinear]) -> dict:
     """What the routing depends on: the CPU, its threads, torch, how routing measures
     (`cpu_linear.py`'s source), how many MKL packs it may keep, the streamed kernel (its
     build, or none, and whether it reads compact copies of exact weights), the AMX kernel
-    it sends 4-bit calls of a few rows to (its build, or none) and the shapes of the
-    layers a forward calls."""
+    it sends 4-bit calls of a few rows to (its build, or none), the shapes of the layers a
+    forward calls and, where the kernel could take them, the compact form it would read
+    each in (`cpu_streamed.probed_form`: a head set up in float16 and the same head as
+    int8 rows have one shape and different timings)."""
     source = Path(cpu_linear.__file__).read_bytes()
-    kernel = cpu_linear.streamed_kernel_for(cpu_linear._called(layers))
+    called = cpu_linear._called(layers)
+    kernel = cpu_linear.streamed_kernel_for(called)
+    forms = None if kernel is None else [cpu_streamed.probed_form(m.weight.detach()) for m in called]
     return {"format": FORMAT, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_linear": hashlib.sha256(source).hexdigest()[:16], "mkl_packs": cpu_linear.mkl_packs_allowed(),
             "streamed": None if kernel is None else kernel.__name__, "streamed_compact": cpu_streamed.compact_wanted(),
-            "amx": None if kernel is None else cpu_amx.build_id(), "layers": layer_shapes(layers)}
+            "amx": None if kernel is None else cpu_amx.build_id(), "layers": layer_shapes(layers),
+            "forms": forms}
 
 
 def _read(path: Path, fp: dict) -> Optional[RowRouting]:

@@ -25,13 +25,13 @@ order). A row's result does not depend on the rows beside it in a call.
 Where a weight's float32 values allow it exactly, `compact_weight` gives the kernel a
 smaller copy: 4-bit values in blocks of 32 with a float32 scale and offset each (the
 target's decoder layers, which GGUF's Q4_1 blocks dequantize to: 0.75 bytes a weight
-instead of 4), int8 in blocks of 32 with a float32 scale each (the target's LM head, from
-GGUF's Q8_0 blocks: 1.125 bytes a weight), or float16 or bfloat16 (drafters' checkpoints
-hold their weights in 16 bits, which the engine serves as float32 on a CPU). The kernel
-widens each weight as it loads it, so its results equal its results on the float32
-weight bit for bit, for fewer bytes read (decode-time calls are bound by memory). A
-weight with no exact compact form is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0`
-keeps every weight in float32.
+instead of 4), int8 in blocks of 32 with a float32 scale each (1.125 bytes a weight: the
+target's LM head, from GGUF's Q8_0 blocks, and the EAGLE-3 head, served as the int8 rows
+it is committed in), or float16 or bfloat16 (drafters' checkpoints hold their weights in
+16 bits, which the engine serves as float32 on a CPU). The kernel widens each weight as
+it loads it, so its results equal its results on the float32 weight bit for bit, for
+fewer bytes read (decode-time calls are bound by memory). A weight with no exact compact
+form is used as it is. `SPECDEC_CPU_STREAMED_COMPACT=0` keeps every weight in float32.
 
 On a CPU with AMX, 4-bit and int8 weights also get the AMX kernel's layout, and their
 calls of `cpu_amx.MIN_ROWS` rows or more (a tree's verify) go to it (`cpu_amx.py`): the
@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -110,13 +110,30 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
     (`with_tiles`)."""
     if compact_wanted():
         probe = weight[:PROBE_ROWS]
-        for form in (q4_blocks, int8_blocks, partial(_in_16_bits, dtype=torch.float16),
-                     partial(_in_16_bits, dtype=torch.bfloat16)):
+        for _, form in _compact_forms():
             if form(probe) is not None:
                 found = form(weight)
                 if found is not None:
                     return with_tiles(found)
     return KernelWeight(weight)
+
+
+def probed_form(weight: torch.Tensor) -> str:
+    """The compact form `compact_weight` finds exact on `weight`'s first rows, the one it
+    then tries on the whole weight ("4-bit", "int8", "float16", "bfloat16"), or "float32":
+    what timings of the kernel on `weight` depend on besides its shape, found in a few rows."""
+    if compact_wanted():
+        probe = weight[:PROBE_ROWS]
+        for name, form in _compact_forms():
+            if form(probe) is not None:
+                return name
+    return "float32"
+
+
+def _compact_forms() -> tuple[tuple[str, Callable[[torch.Tensor], Optional[KernelWeight]]], ...]:
+    """`compact_weight`'s forms, smallest first, by name."""
+    return (("4-bit", q4_blocks), ("int8", int8_blocks), ("float16", partial(_in_16_bits, dtype=torch.float16)),
+            ("bfloat16", partial(_in_16_bits, dtype=torch.bfloat16)))
 
 
 def with_tiles(weight: KernelWeight) -> KernelWeight:
@@ -140,10 +157,15 @@ def _in_16_bits(weight: torch.Tensor, dtype: torch.dtype) -> Optional[KernelWeig
 
 def int8_blocks(weight: torch.Tensor) -> Optional[KernelWeight]:
     """int8 values [N, K] with float32 scales [N, K / INT8_BLOCK] whose products equal
-    `weight` [N, K] bit for bit, or None. GGUF's Q8_0 blocks (32 int8 along k times a
-    float16 scale, the form of SmolLM2's embedding, which is also its LM head) dequantize
-    to such weights: the block's largest magnitude is 127 times its scale, so dividing it
-    by 127 gives the scale back exactly. Checked over every value, a chunk of rows at a time."""
+    `weight` [N, K] bit for bit, or None. Two forms give such weights, and each block's
+    scale comes back exactly as the largest magnitude it covers over 127:
+    - GGUF's Q8_0 blocks (32 int8 along k times a float16 scale, the form of SmolLM2's
+      embedding, which is also its LM head): the block's own largest magnitude;
+    - int8 rows with a float32 scale each (`tools/packed_rows.py`, the form the EAGLE-3 head
+      is committed in and served as): the row's largest magnitude, the scale of each of
+      its blocks.
+    Checked over every value, a chunk of rows at a time; a chunk takes the first form that
+    is exact."""
     N, K = weight.shape
     if K % INT8_BLOCK:
         return None
@@ -151,15 +173,29 @@ def int8_blocks(weight: torch.Tensor) -> Optional[KernelWeight]:
     scales = torch.empty(N, K // INT8_BLOCK)
     for start in range(0, N, CHUNK_ROWS):
         w = weight[start: start + CHUNK_ROWS].reshape(-1, K // INT8_BLOCK, INT8_BLOCK)  # [n, blocks, 32]
-        top = w.abs().amax(dim=-1)  # [n, blocks]
-        scale = torch.where(top > 0, top / 127, torch.ones_like(top))  # an all-zero block: scale 1, values 0
-        q = w / scale[..., None]
-        rounded = q.round()
-        if not (torch.equal(q, rounded) and torch.equal(rounded * scale[..., None], w)):
+        block_top = w.abs().amax(dim=-1)  # [n, blocks]
+        row_top = block_top.amax(dim=-1, keepdim=True).expand_as(block_top)  # [n, blocks]
+        for top in (block_top, row_top):
+            found = _int8_at(w, top)
+            if found is not None:
+                break
+        else:
             return None
-        values[start: start + CHUNK_ROWS] = rounded.reshape(-1, K).to(torch.int8)  # |q| <= 127 by the scale
-        scales[start: start + CHUNK_ROWS] = scale
+        values[start: start + CHUNK_ROWS] = found[0].reshape(-1, K)
+        scales[start: start + CHUNK_ROWS] = found[1]
     return KernelWeight(values, scales)
+
+
+def _int8_at(w: torch.Tensor, top: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """w [n, blocks, 32] as int8 values times scales `top / 127` [n, blocks] (an all-zero
+    `top`: scale 1, values 0), when every product gives w's value back bit for bit (as the
+    kernel widens it: fl(q * scale)); else None. The quotients need not be whole: a float32
+    scale's products are rounded."""
+    scale = torch.where(top > 0, top / 127, torch.ones_like(top))
+    rounded = (w / scale[..., None]).round()  # |q| <= 127 by the scale
+    if not torch.equal(rounded * scale[..., None], w):
+        return None
+    return rounded.to(torch.int8), scale
 
 
 def q4_blocks(weight: torch.Tensor) -> Optional[KernelWeight]:
