@@ -123,7 +123,8 @@ def test_drafters_draft_over_a_vocabulary_that_can_end_the_turn(engine64):
 def test_the_served_eagle3_head_is_the_committed_one_unpacked(engine64):
     """Setup serves the committed EAGLE-3 head: every committed tensor as it is, and each
     weight matrix, committed as int8 rows with a scale each, as those rows times their
-    scales in float16 (tools/packed_rows.py); its draft vocabulary holds the end of turn."""
+    scales in float32, exactly (tools/packed_rows.py); its draft vocabulary holds the end
+    of turn."""
     import packed_rows
     from safetensors.torch import load_file
 
@@ -138,7 +139,7 @@ def test_the_served_eagle3_head_is_the_committed_one_unpacked(engine64):
         assert torch.equal(served[name], tensor), name
     for name in matrices:
         assert torch.equal(served[name], packed_rows.dequantize(rows[name], rows[name + packed_rows.SCALE],
-                                                                torch.float16)), name
+                                                                torch.float32)), name
     head = engine64.drafters["eagle3"].head
     assert head.lm_head.weight.shape[0] == len(head.d2t) and bool(head.t2d[END_ID])
 

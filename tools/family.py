@@ -15,7 +15,8 @@ assembles the complete family, each member in its upstream checkpoint layout:
 What is committed for each drafter is under `checkpoints/smollm2-135m-instruct/`;
 whatever is larger and derivable from the target (Medusa's full-vocabulary head
 matrices, the draft model's tied embeddings) is written at setup, and the EAGLE-3 head's
-weight matrices, committed as int8 rows (tools/packed_rows.py), go back to float16 there.
+weight matrices, committed as int8 rows (tools/packed_rows.py), go back to float32 there
+(the rows' products, exactly).
 """
 from __future__ import annotations
 

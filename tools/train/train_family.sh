@@ -194,7 +194,7 @@ $PY tools/train/train_heads.py --base "$BASE" \
     --init .cache/train/round14 --keep-train-vocab --widen-draft-vocab 8192 --epochs 0.8 --batch-tokens 1536 \
     --lr 5e-4 --medusa-heads 0 --snapshots 9900000 --seed 0
 # the shipped heads are round 15's, EAGLE-3's weight matrices committed as int8 rows with a
-# scale each (tools/packed_rows.py; setup writes float16 back)
+# scale each (tools/packed_rows.py; setup writes their products back in float32)
 cp .cache/train/round15/eagle/* "$OUT/eagle/"
 rm -f "$OUT/eagle3/"*
 $PY tools/packed_rows.py pack .cache/train/round15/eagle3 "$OUT/eagle3"
