@@ -6,6 +6,11 @@ the drafters (a head set up in another form, another round's heads), taking turn
         --label-b "int8 rows" --question-sets mt_bench,humaneval --rounds 6 \\
         --markdown docs/bench/ab_eagle3_int8_rows.md --report-json docs/bench/ab_eagle3_int8_rows.json
 
+where /tmp/fam16 holds links to `.cache/smollm2`'s base, eagle, medusa and draft folders and
+an eagle3 folder unpacked in float16, as setup wrote it until 2026-12-02
+(`python tools/packed_rows.py unpack --dtype float16 checkpoints/smollm2-135m-instruct/eagle3
+/tmp/fam16/eagle3`).
+
 Batch 1, the first `--num-requests` questions of each set (first turn, chat template),
 temperature 0, `--output-tokens` new tokens, adaptive speculation off, EAGLE-2/3 trees of
 `--eagle-total-tokens` nodes drafted at `--eagle-depth` / `--eagle-top-k`. Each round runs
