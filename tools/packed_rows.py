@@ -15,10 +15,10 @@ weight as `NAME * NAME.row_scale` in float32, the products exactly (every other 
 committed). Any loader takes float32; the engine's CPU kernels find the int8 rows in it
 again and read one byte a weight (`cpu_streamed.int8_blocks`), where float16 values,
 rounded from the products, would have cost two. A value moves by at most half its row's
-scale (0.4 % of the row's largest value) from the trained one. On the 45 held-out chat requests that left
-EAGLE-3's τ where it was (round 15's head 2.809 in float16, 2.812 packed; round 14's 2.762
-and 2.756), while packing the EAGLE-1 head as well cost it 0.015 (2.286 to 2.271), so that
-head stays float16. Whatever the rounding, drafting stays lossless: the target verifies
+scale (0.4 % of the row's largest value) from the trained one. On the 45 held-out chat
+requests that left EAGLE-3's τ where it was (round 15's head 2.809 in float16, 2.812
+packed; round 14's 2.762 and 2.756), while packing the EAGLE-1 head as well cost it 0.015
+(2.286 to 2.271), so that head stays float16. Whatever the rounding, drafting stays lossless: the target verifies
 every draft.
 
     python tools/packed_rows.py pack .cache/train/round15/eagle3 checkpoints/smollm2-135m-instruct/eagle3

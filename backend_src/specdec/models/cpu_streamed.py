@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -108,13 +108,10 @@ def compact_weight(weight: torch.Tensor) -> KernelWeight:
     bytes read. Each form is tried on a few rows first, so that a weight without it costs
     little. 4-bit and int8 blocks also get the AMX kernel's layout where it is available
     (`with_tiles`)."""
-    if compact_wanted():
-        probe = weight[:PROBE_ROWS]
-        for _, form in _compact_forms():
-            if form(probe) is not None:
-                found = form(weight)
-                if found is not None:
-                    return with_tiles(found)
+    for _, form in _probed_forms(weight):
+        found = form(weight)
+        if found is not None:
+            return with_tiles(found)
     return KernelWeight(weight)
 
 
@@ -122,18 +119,20 @@ def probed_form(weight: torch.Tensor) -> str:
     """The compact form `compact_weight` finds exact on `weight`'s first rows, the one it
     then tries on the whole weight ("4-bit", "int8", "float16", "bfloat16"), or "float32":
     what timings of the kernel on `weight` depend on besides its shape, found in a few rows."""
-    if compact_wanted():
-        probe = weight[:PROBE_ROWS]
-        for name, form in _compact_forms():
-            if form(probe) is not None:
-                return name
-    return "float32"
+    return next((name for name, _ in _probed_forms(weight)), "float32")
 
 
-def _compact_forms() -> tuple[tuple[str, Callable[[torch.Tensor], Optional[KernelWeight]]], ...]:
-    """`compact_weight`'s forms, smallest first, by name."""
-    return (("4-bit", q4_blocks), ("int8", int8_blocks), ("float16", partial(_in_16_bits, dtype=torch.float16)),
-            ("bfloat16", partial(_in_16_bits, dtype=torch.bfloat16)))
+def _probed_forms(weight: torch.Tensor) -> Iterator[tuple[str, Callable[[torch.Tensor], Optional[KernelWeight]]]]:
+    """`compact_weight`'s forms, smallest first, by name, that are exact on `weight`'s first
+    `PROBE_ROWS` rows; none when `compact_wanted()` is false."""
+    if not compact_wanted():
+        return
+    probe = weight[:PROBE_ROWS]
+    for name, form in (("4-bit", q4_blocks), ("int8", int8_blocks),
+                       ("float16", partial(_in_16_bits, dtype=torch.float16)),
+                       ("bfloat16", partial(_in_16_bits, dtype=torch.bfloat16))):
+        if form(probe) is not None:
+            yield name, form
 
 
 def with_tiles(weight: KernelWeight) -> KernelWeight:
