@@ -53,3 +53,21 @@ def test_the_switch_at_0_builds_nothing(monkeypatch):
     assert not calls
     monkeypatch.setenv(SWITCH, "auto")
     assert kernel.wanted() and kernel.module() is not None and len(calls) == 1
+
+
+def test_a_float32_cpu_engine_builds_its_layers_kernels_at_load(monkeypatch):
+    """The layer operations and the attention kernel are built while the engine loads, not
+    by its first request (each build took 1-2 minutes on a fresh 2-core VM, and a server is
+    ready once loaded). A float64 engine takes neither and builds neither."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_helpers import make_engine
+    from specdec.models import cpu_attention, cpu_layer_ops
+
+    calls: list = []
+    for module in (cpu_layer_ops, cpu_attention):  # fresh kernels whose builds fail, as without a compiler
+        monkeypatch.setattr(module.KERNEL, "cache", {})
+        monkeypatch.setattr(module.KERNEL, "_build", counting_build(None, calls))
+    make_engine(dtype="float64")
+    assert calls == []
+    make_engine(dtype="float32", max_batch_size=1)
+    assert len(calls) == 2 and "module" in cpu_layer_ops.KERNEL.cache and "module" in cpu_attention.KERNEL.cache

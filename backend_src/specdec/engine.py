@@ -38,7 +38,7 @@ from .graphs import DecodeGraphs
 from .host_memory import keep_freed_memory
 from .kv_cache import AttentionBatch, SlotAllocator
 from .memory import free_device_bytes, kv_budget
-from .models import cpu_amx
+from .models import cpu_amx, cpu_attention, cpu_layer_ops
 from .models.checkpoint import read_config, torch_dtype
 from .models.eagle3 import eagle3_feature_layers
 from .models.layers import attention_without_per_shape_plans, causal_mask
@@ -192,6 +192,12 @@ class Engine:
         self.head_routing: Optional[RowRouting] = None  # the target's LM head's
         self.row_routing_source = ""  # where it came from (routing_cache.py)
         if self.device.type == "cpu" and dtype == torch.float32:
+            # The CPU kernels the layers take are compiled at their first use on a machine, a
+            # minute or more each on 2 cores: built now, so that a server is ready only once it
+            # can answer, not answering its first request minutes late (the routing below
+            # builds the streamed and AMX kernels: its cache names their builds).
+            cpu_layer_ops.layer_ops_kernel()
+            cpu_attention.attention_kernel()
             drafter_modules = [m for d in {id(d): d for d in loaded.drafters.values()}.values()
                                for m in vars(d).values() if isinstance(m, torch.nn.Module)]
             self.packed_linears = sum(use_packed_cpu_linears(m) for m in [self.target] + drafter_modules)
