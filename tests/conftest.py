@@ -62,6 +62,18 @@ def pytest_configure(config):
                                 "there (../shared/data beside the repository) or set SPECDEC_DATA_DIR to their folder")
 
 
+# The longest modules, run first: with two test processes (tools/run_tests.sh, pytest-xdist
+# keeping each module in one process) the long ones overlap the rest instead of running
+# last, alone. Their times on a 2-core AMD EPYC VM, one process: 12.5, 4.5 and 4.5 minutes.
+FIRST_MODULES = ("test_smollm2.py", "test_engine_sampling.py", "test_bench.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Moves FIRST_MODULES' tests to the front, in that order, keeping every other order."""
+    rank = {name: i for i, name in enumerate(FIRST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST_MODULES)))  # stable
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer

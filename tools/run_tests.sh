@@ -13,5 +13,8 @@ else
   echo "nvcc not found: skipping the kernel compile check"
 fi
 bash tools/check_dockerfile.sh --install
+# Two test processes (pytest-xdist), each module kept in one of them (its fixtures, such as
+# an engine or a server, are made once), one thread each; SPECDEC_TEST_WORKERS=0 runs one.
+workers=${SPECDEC_TEST_WORKERS:-$(( $(nproc) >= 2 ? 2 : 0 ))}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@" tests
