@@ -64,7 +64,8 @@ def pytest_configure(config):
 
 # The longest modules, run first: with two test processes (tools/run_tests.sh, pytest-xdist
 # keeping each module in one process) the long ones overlap the rest instead of running
-# last, alone. Their times on a 2-core AMD EPYC VM, one process: 12.5, 4.5 and 4.5 minutes.
+# last, alone. On a 2-core AMD EPYC VM, one process, test_smollm2.py took 12.5 minutes alone
+# and the other two about 4.5 each in a whole run that kernel rebuilds slowed.
 FIRST_MODULES = ("test_smollm2.py", "test_engine_sampling.py", "test_bench.py")
 
 

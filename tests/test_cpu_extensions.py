@@ -59,7 +59,6 @@ def test_a_float32_cpu_engine_builds_its_layers_kernels_at_load(monkeypatch):
     """The layer operations and the attention kernel are built while the engine loads, not
     by its first request (each build took 1-2 minutes on a fresh 2-core VM, and a server is
     ready once loaded). A float64 engine takes neither and builds neither."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from engine_helpers import make_engine
     from specdec.models import cpu_attention, cpu_layer_ops
 
