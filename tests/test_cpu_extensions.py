@@ -70,3 +70,29 @@ def test_a_float32_cpu_engine_builds_its_layers_kernels_at_load(monkeypatch):
     assert calls == []
     make_engine(dtype="float32", max_batch_size=1)
     assert len(calls) == 2 and "module" in cpu_layer_ops.KERNEL.cache and "module" in cpu_attention.KERNEL.cache
+
+
+def test_checkouts_of_one_source_build_from_one_path(monkeypatch, tmp_path):
+    """torch's build file names the source's path, and a build whose file changed rebuilds:
+    two checkouts loading in turn rebuilt each other's kernel at every load. The compiler
+    reads a copy named after the source's hash instead, the same for both; a changed
+    source gets a copy of its own."""
+    from torch.utils import cpp_extension
+
+    from specdec.models import cpu_extensions
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setattr(cpu_extensions.platform, "machine", lambda: "x86_64")
+    built: list = []
+    monkeypatch.setattr(cpp_extension, "load", lambda name, sources, **kw: built.append((name, sources)) or name)
+    sources = []
+    for checkout, text in (("one", b"int a;"), ("two", b"int a;"), ("three", b"int b;")):
+        path = tmp_path / checkout / "kernel.cpp"
+        path.parent.mkdir()
+        path.write_bytes(text)
+        assert cpu_extensions.load(path, "specdec_test", "a test kernel", "nothing") == built[-1][0]
+        (source,) = built[-1][1]
+        assert Path(source).read_bytes() == text and Path(source).is_relative_to(tmp_path / "extensions")
+        sources.append(source)
+    assert sources[0] == sources[1] != sources[2]
+    assert built[0][0] == built[1][0] != built[2][0]

@@ -4,8 +4,11 @@ Each source is compiled at its first use on a machine with `torch.utils.cpp_exte
 (a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU (`-march=native`)
 into torch's extension folder (`$TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`),
 under a name that hashes the source, the flags, the CPU and torch: a later load, or another
-process, finds it there. Without a compiler, or when the build fails, `load` logs why and
-returns None, and the caller keeps to its torch twin.
+process, finds it there. The compiler reads a copy of the source kept under that name
+(`stable_source`), not the checkout's file: torch's build file names the source's path, and
+two checkouts of one commit loading in turn rebuilt each other's build (40-85 s) at every
+load. Without a compiler, or when the build fails, `load` logs why and returns None, and the
+caller keeps to its torch twin.
 
 What each kernel computes, and when it is used: `cpu_streamed.py` (the streamed linear),
 `cpu_amx.py` (the AMX linear over 4-bit and int8 weights), `cpu_attention.py` (attention of a few queries),
@@ -50,14 +53,30 @@ def load(path: Path, prefix: str, what: str, otherwise: str) -> Optional[Any]:
 
         _ninja_on_path()
         source = path.read_bytes()
-        module = cpp_extension.load(name=build_name(prefix, source), sources=[str(path)], extra_cflags=list(CFLAGS),
-                                    verbose=False)
+        name = build_name(prefix, source)
+        module = cpp_extension.load(name=name, sources=[str(stable_source(name, source, path.suffix))],
+                                    extra_cflags=list(CFLAGS), verbose=False)
     except Exception as e:  # no compiler or ninja, a failed build, an unreadable source
         LOG.warning("%s unavailable (%s: %s); %s", what, type(e).__name__,
                     str(e).strip().splitlines()[-1] if str(e).strip() else "", otherwise)
         return None
     LOG.info("%s built from %s", what, path.name)
     return module
+
+
+def stable_source(name: str, source: bytes, suffix: str) -> Path:
+    """The path the compiler reads `source` from: a copy named after the build
+    (`build_name`, which hashes the source), the same for every checkout, under
+    `$TORCH_EXTENSIONS_DIR` (default `~/.cache/torch_extensions`). Written once, whole
+    (a rename), so that a process building meanwhile never reads half a file."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    copy = Path(root) / "specdec_sources" / f"{name}{suffix}"
+    if not copy.is_file() or copy.read_bytes() != source:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        partial = copy.with_name(f"{copy.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_bytes(source)
+        os.replace(partial, copy)
+    return copy
 
 
 class LazyKernel:
