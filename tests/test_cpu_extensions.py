@@ -96,3 +96,15 @@ def test_checkouts_of_one_source_build_from_one_path(monkeypatch, tmp_path):
         sources.append(source)
     assert sources[0] == sources[1] != sources[2]
     assert built[0][0] == built[1][0] != built[2][0]
+
+
+def test_environments_with_torch_elsewhere_build_apart(monkeypatch):
+    """torch's build file names its headers' paths too: a second virtual environment gets a
+    build of its own instead of rebuilding the first one's."""
+    from torch.utils import cpp_extension
+
+    from specdec.models import cpu_extensions
+
+    here = cpu_extensions.build_name("specdec_test", b"int a;")
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *a, **kw: ["/elsewhere/torch/include"])
+    assert cpu_extensions.build_name("specdec_test", b"int a;") != here

@@ -3,12 +3,14 @@
 Each source is compiled at its first use on a machine with `torch.utils.cpp_extension`
 (a C++ compiler and ninja; about 35 s on 2 cores) for that machine's CPU (`-march=native`)
 into torch's extension folder (`$TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`),
-under a name that hashes the source, the flags, the CPU and torch: a later load, or another
-process, finds it there. The compiler reads a copy of the source kept under that name
-(`stable_source`), not the checkout's file: torch's build file names the source's path, and
-two checkouts of one commit loading in turn rebuilt each other's build (40-85 s) at every
-load. Without a compiler, or when the build fails, `load` logs why and returns None, and the
-caller keeps to its torch twin.
+under a name that hashes the source, the flags, the CPU, torch and where torch's headers are:
+a later load, or another process, finds it there. torch's build file names every path it
+compiles with, and a build whose file changed is rebuilt: two checkouts of one commit, each
+with its own virtual environment, loading in turn rebuilt each other's kernels (40-85 s
+each) at every load. So the headers' paths are in the name (each environment builds once)
+and the compiler reads a copy of the source kept under that name (`stable_source`), not the
+checkout's file. Without a compiler, or when the build fails, `load` logs why and returns
+None, and the caller keeps to its torch twin.
 
 What each kernel computes, and when it is used: `cpu_streamed.py` (the streamed linear),
 `cpu_amx.py` (the AMX linear over 4-bit and int8 weights), `cpu_attention.py` (attention of a few queries),
@@ -21,6 +23,7 @@ import logging
 import os
 import platform
 import shutil
+import sysconfig
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -33,10 +36,15 @@ CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")  # -f
 
 
 def build_name(prefix: str, source: bytes) -> str:
-    """`prefix` and a hash of the source, flags, CPU and torch, so that a changed one
-    builds anew instead of loading a stale build."""
+    """`prefix` and a hash of the source, flags, CPU, torch and the headers' paths, so that
+    a changed one builds anew instead of loading a stale build, and two environments do not
+    take turns rebuilding one build."""
+    from torch.utils import cpp_extension
+
+    headers = "\n".join([*cpp_extension.include_paths(), sysconfig.get_paths()["include"]])
     digest = hashlib.sha256()
-    for part in (source, " ".join(CFLAGS).encode(), _cpu_flags().encode(), torch.__version__.encode()):
+    for part in (source, " ".join(CFLAGS).encode(), _cpu_flags().encode(), torch.__version__.encode(),
+                 headers.encode()):
         digest.update(part)
         digest.update(b"\0")
     return f"{prefix}_{digest.hexdigest()[:16]}"
