@@ -8,10 +8,14 @@
 //   write_kv(kv, layer, slot, start, k, v)
 //                                one request's new keys and values k, v [H_kv, T, D] into the KV
 //                                cache kv [L, 2, S, H_kv, P, D] at positions [start, start + T)
+//   greedy_tokens(logits)        the index of each row's largest value, [..., V] -> [...] int64: the
+//                                first one on ties, the first NaN where a row has one (as torch's
+//                                max(dim).indices, the twin in specdec/sampling.py)
 //
 // Built at run time by specdec/models/cpu_layer_ops.py (torch.utils.cpp_extension, -march of
 // the machine it runs on). Their torch twins are the layers' own code (RMSNorm.forward,
-// MLP.forward's silu and product, Attention's split, reshapes and `rope`).
+// MLP.forward's silu and product, Attention's split, reshapes and `rope`; greedy_tokens's is
+// sampling.greedy_tokens's max).
 //
 // In a decode step these operate on a few rows of 576-1536 values: microseconds of
 // arithmetic, while torch spends several operators on each (a norm is eight: a cast,
@@ -21,9 +25,9 @@
 // Results: rope_qkv's are its twin's bit for bit (the same two products and sum, kept
 // apart: no fused multiply-add), write_kv's copies too. rms_norm sums the squares in another order than torch's
 // mean and silu_mul has its own exp (within 2 ulp), so theirs differ from the twins' in
-// the last bits. A row's result depends on that row alone.
+// the last bits. greedy_tokens's equal its twin's. A row's result depends on that row alone.
 //
-// Needs float32 on the CPU with contiguous rows: x [R, H] and w [H]; gate_up [R, 2I];
+// Needs float32 on the CPU with contiguous rows: x [R, H] and w [H]; gate_up [R, 2I]; logits [..., V];
 // qkv [B, T, (H_q + 2 H_kv) D] contiguous, cos and sin [B, 1, T, D] contiguous, D even; kv
 // contiguous, k and v contiguous and inside it.
 // The Python side checks these and falls back to the twins.
@@ -214,6 +218,68 @@ void write_kv(torch::Tensor& kv, int64_t layer, int64_t slot, int64_t start, con
   }
 }
 
+torch::Tensor greedy_tokens(const torch::Tensor& logits) {
+  check_cpu_float(logits, "logits");
+  TORCH_CHECK(logits.dim() >= 1 && logits.size(-1) > 0, "logits [..., V > 0] expected");
+  const int64_t V = logits.size(-1), R = logits.numel() / V;
+  std::vector<int64_t> shape(logits.sizes().begin(), logits.sizes().end() - 1);
+  auto out = torch::empty(shape, logits.options().dtype(torch::kInt64));
+  const float* lp = logits.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  const int64_t vec_end = V - V % LANES;
+  at::parallel_for(0, R, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = lp + r * V;
+      // Each lane keeps its first largest value (a strict >) and where it was; a NaN never
+      // compares larger, so NaNs are only noted, and looked for again at the end.
+      int64_t best_at = 0;
+      float best = row[0];
+      bool nan = false;
+      if (vec_end > 0) {
+        lanes16 top = load16(row);
+        ints16 at = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        ints16 seen_nan = top != top;
+        const ints16 step = ints16{} + LANES;
+        ints16 here = at;
+        for (int64_t v = LANES; v < vec_end; v += LANES) {
+          here += step;
+          const lanes16 x = load16(row + v);
+          const ints16 larger = x > top;
+          top = larger ? x : top;
+          at = larger ? here : at;
+          seen_nan |= x != x;
+        }
+        best = top[0];
+        best_at = at[0];
+        for (int i = 1; i < LANES; ++i) {  // the largest, the lowest index among equals
+          if (top[i] > best || (top[i] == best && at[i] < best_at)) {
+            best = top[i];
+            best_at = at[i];
+          }
+        }
+        for (int i = 0; i < LANES; ++i) nan |= seen_nan[i] != 0;
+      }
+      for (int64_t v = vec_end; v < V; ++v) {
+        if (row[v] > best) {
+          best = row[v];
+          best_at = v;
+        }
+        nan |= row[v] != row[v];
+      }
+      if (nan) {
+        for (int64_t v = 0; v < V; ++v) {
+          if (row[v] != row[v]) {
+            best_at = v;
+            break;
+          }
+        }
+      }
+      op[r] = best_at;
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMS norm of each row times the weight (CPU, float32)",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"));
@@ -225,4 +291,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv, "one request's new keys and values into the KV cache (CPU, float32)",
         pybind11::arg("kv"), pybind11::arg("layer"), pybind11::arg("slot"), pybind11::arg("start"),
         pybind11::arg("k"), pybind11::arg("v"));
+  m.def("greedy_tokens", &greedy_tokens, "the index of each row's largest value, the first on ties (CPU, float32)",
+        pybind11::arg("logits"));
 }

@@ -93,6 +93,32 @@ def test_write_kv_equals_its_twin_bit_for_bit(kernel, T):
         assert torch.equal(kv, want)
 
 
+@pytest.mark.parametrize("V", [49152, 8192, 100, 17, 16, 5, 1])
+@pytest.mark.parametrize("rows", [1, 9, 40])
+def test_greedy_tokens_equal_its_twin(kernel, V, rows):
+    """The first largest value's index, as `max(dim).indices`: on random rows, rows whose
+    largest value repeats (in one lane and across lanes), constant rows, -inf rows and rows
+    with NaNs (the first NaN's index), before, inside and after the 16-lane blocks."""
+    from specdec.sampling import greedy_tokens
+
+    gen = torch.Generator().manual_seed(V * 100 + rows)
+    x = torch.randn(rows, V, generator=gen)
+    picks = torch.randint(0, V, (rows, 3), generator=gen)
+    for r in range(rows):
+        kind = r % 5
+        if kind == 1:  # the largest value at three places, the lowest index first wins
+            x[r, picks[r]] = 9.0
+        elif kind == 2:
+            x[r] = 0.25
+        elif kind == 3:
+            x[r] = float("-inf")
+        elif kind == 4 and V > 1:
+            x[r, picks[r, :2]] = float("nan")
+            x[r, picks[r, 2]] = float("inf")
+    assert torch.equal(kernel.greedy_tokens(x), x.max(dim=-1).indices)
+    assert torch.equal(greedy_tokens(x.view(1, rows, V)), x.max(dim=-1).indices.view(1, rows))
+
+
 def test_a_rows_result_is_the_same_alone_and_beside_other_rows(kernel):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(40, 576, generator=gen)

@@ -15,7 +15,6 @@ Skipped, with the reason, without g++.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,7 +27,7 @@ from specdec.ops import (build_tree_torch, kv_compact_torch, verify_greedy_torch
                          verify_sampling_torch)
 from specdec.ops import _cupy
 from specdec.ops.verify_greedy import VerifyResult
-from tree_refs import random_sampling_inputs, random_trees
+from tree_refs import malformed_trees, random_sampling_inputs, random_trees
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 SENTINEL = -7777
@@ -159,23 +158,13 @@ def _assert_same(got: VerifyResult, want: VerifyResult, what: str):
         assert torch.equal(getattr(got, name), getattr(want, name)), f"{what}: {name}"
 
 
-def _malformed(rng, parents, num_nodes):
-    """Out-of-range parents, parents in the padding and out-of-range counts: the kernels
-    and the twins must still agree (docs/DESIGN.md: what the ops ignore)."""
-    parents = parents.clone()
-    for b, i in itertools.product(range(parents.shape[0]), range(1, parents.shape[1])):
-        if rng.random() < 0.1:
-            parents[b, i] = -1 if rng.random() < 0.5 else int(rng.integers(0, i))
-    return parents, torch.from_numpy(rng.integers(-1, parents.shape[1] + 3, size=len(num_nodes)))
-
-
 @pytest.mark.parametrize("batch, nodes", [(1, 1), (2, 2), (3, 17), (17, 64), (3, 128)])
 @pytest.mark.parametrize("malformed", (False, True))
 def test_build_tree_and_verify_greedy_kernels(lib, batch, nodes, malformed):
     rng = np.random.default_rng([5, batch, nodes, malformed])
     parents, num_nodes = random_trees(rng, batch, nodes)
     if malformed:
-        parents, num_nodes = _malformed(rng, parents, num_nodes)
+        parents, num_nodes = malformed_trees(rng, parents, num_nodes)
     prefix_len = torch.from_numpy(rng.integers(0, 1000, size=batch))
     threads = _cupy.threads_for(nodes)
     want = build_tree_torch(parents, num_nodes, prefix_len)
@@ -225,7 +214,7 @@ def test_verify_sampling_kernel(lib, batch, nodes, vocab, with_draft, threads):
     rng = np.random.default_rng([6, batch, nodes, vocab, with_draft])
     inputs = random_sampling_inputs(rng, batch, nodes, vocab, with_draft)
     if nodes > 1:
-        inputs["parents"], inputs["num_nodes"] = _malformed(rng, inputs["parents"],
+        inputs["parents"], inputs["num_nodes"] = malformed_trees(rng, inputs["parents"],
                                                             inputs["num_nodes"])
     _assert_same(_emulated_sampling(lib, threads)(**inputs), verify_sampling_torch(**inputs),
                  "verify_sampling")

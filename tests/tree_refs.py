@@ -3,6 +3,8 @@ harness of verify_sampling; shared by test_ops.py (CPU twins) and test_kernels_g
 (kernels). Plain Python loops over requests and nodes, numpy for the arithmetic."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from scipy import stats
@@ -30,6 +32,16 @@ def random_trees(rng: np.random.Generator, batch: int, nodes: int):
             else:  # bushy
                 parents[b, i] = rng.integers(0, min(i, 3))
     return torch.from_numpy(parents), torch.from_numpy(num)
+
+
+def malformed_trees(rng: np.random.Generator, parents: torch.Tensor, num_nodes: torch.Tensor):
+    """Out-of-range parents, parents in the padding and out-of-range counts: the kernels
+    and the twins must still agree (docs/DESIGN.md: what the ops ignore)."""
+    parents = parents.clone()
+    for b, i in itertools.product(range(parents.shape[0]), range(1, parents.shape[1])):
+        if rng.random() < 0.1:
+            parents[b, i] = -1 if rng.random() < 0.5 else int(rng.integers(0, i))
+    return parents, torch.from_numpy(rng.integers(-1, parents.shape[1] + 3, size=len(num_nodes)))
 
 
 def _nodes(num_nodes, b, nodes):

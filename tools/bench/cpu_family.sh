@@ -38,6 +38,9 @@
 #              (bench.py --env-variant), into amx_<set>.md
 # layer-ops    the same with SPECDEC_CPU_LAYER_OPS=0 (norms, SiLU and RoPE through torch's operators
 #              instead of the CPU layer operations) as the variant, into layer_ops_<set>.md
+# cpu-tree     the same passes (plain decoding, EAGLE-3 with trees of 3, 4 and 8 nodes) with
+#              SPECDEC_CPU_TREE=0 (trees built and verified by the torch twins instead of
+#              kernels/cpu_tree.cpp) as the variant, into cpu_tree_<set>.md
 # tree-depths  bench.py latency on held-out chat and code requests (docs/bench/heldout_*; what tree
 #              shapes may be tuned on), 2 paired passes: plain decoding and EAGLE-3 trees of 4, 8 and
 #              16 nodes drafted as adaptive speculation drafts them and one depth deeper (eagle3@8/4),
@@ -150,6 +153,8 @@ for stage in "${stages[@]}"; do
     layer-ops)
       repeats_on_every_set layer_ops none,eagle3@3,eagle3@4,eagle3@8,hf-prompt-lookup 3 \
         --env-variant SPECDEC_CPU_LAYER_OPS=0 ;;
+    cpu-tree)
+      repeats_on_every_set cpu_tree none,eagle3@3,eagle3@4,eagle3@8 3 --env-variant SPECDEC_CPU_TREE=0 ;;
     adaptive-lookup)
       latency_on_every_set latency_adaptive_lookup --adaptive on \
         --compare none,eagle3+nolookup,eagle3,eagle2+nolookup,eagle2,eagle3@3 ;;

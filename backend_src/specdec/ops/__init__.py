@@ -1,6 +1,7 @@
 """Tree ops of a speculative step, one module each: a pure-torch twin (the CPU path and
 the reference), a CuPy launcher of the kernel in kernels/, and a dispatcher that picks
-the kernel for GPU tensors when CuPy and the kernel load, else the twin.
+the kernel for GPU tensors when CuPy and the kernel load, else the twin. On the CPU,
+build_tree and verify_greedy take a C++ kernel of their own (cpu_tree.py).
 
     build_tree      tree_mask.py        parents -> mask, positions, depth, links
     verify_greedy   verify_greedy.py    greedy acceptance (temperature 0)

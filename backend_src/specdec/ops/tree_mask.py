@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _cupy
+from . import _cupy, cpu_tree
 from ._checks import check_cuda_device, check_tensor
 
 _KERNEL_FILE = "tree_mask.cu"
@@ -203,7 +203,8 @@ def build_tree_cuda(parents: torch.Tensor, num_nodes: torch.Tensor, prefix_len: 
 def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor,
                prefix_len: torch.Tensor) -> TreeBuffers:
     """Tree buffers of a padded batch of trees: the CUDA kernel for GPU tensors when
-    CuPy and the kernel load, else the torch twin.
+    CuPy and the kernel load, the CPU kernel (cpu_tree.py) for int64 CPU tensors when it
+    is built, else the torch twin.
 
     parents[B, N]: parent of each node (-1 for the root and padding), parents[i] < i;
     num_nodes[B]: real nodes per tree (>= 1); prefix_len[B]: tokens already cached.
@@ -212,4 +213,12 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor,
             and _cupy.get_kernel(_KERNEL_FILE, "build_tree", parents.device) is not None):
         return build_tree_cuda(parents.contiguous(), num_nodes.contiguous(),
                                prefix_len.contiguous())
+    kernel = cpu_tree.kernel_for(parents, num_nodes, prefix_len) if parents.dim() == 2 else None
+    if kernel is not None:  # the twin's checks first: the same errors either way
+        batch, _ = check_tree_inputs("build_tree", parents, num_nodes)
+        check_tensor("build_tree", "prefix_len", prefix_len, (batch,), torch.int64, parents.device)
+        mask, positions, depth, first_child, next_sibling = kernel.build_tree(
+            parents.contiguous(), num_nodes.contiguous(), prefix_len.contiguous())
+        return TreeBuffers(tree_mask=mask, positions=positions, depth=depth, first_child=first_child,
+                           next_sibling=next_sibling)
     return build_tree_torch(parents, num_nodes, prefix_len)

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _cupy
+from . import _cupy, cpu_tree
 from ._checks import check_cuda_device, check_tensor
 from .tree_mask import check_tree_inputs, extend_with_sentinel, jump_steps, tree_jumps
 
@@ -144,9 +144,17 @@ def verify_greedy_cuda(candidates: torch.Tensor, parents: torch.Tensor,
 def verify_greedy(candidates: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
                   target_argmax: torch.Tensor) -> VerifyResult:
     """Greedy acceptance: the CUDA kernel for GPU tensors when CuPy and the kernel load,
-    else the torch twin. Arguments as in `verify_greedy_torch`."""
+    the CPU kernel (cpu_tree.py) for int64 CPU tensors when it is built, else the torch
+    twin. Arguments as in `verify_greedy_torch`."""
     if (parents.is_cuda
             and _cupy.get_kernel(_KERNEL_FILE, "verify_greedy", parents.device) is not None):
         return verify_greedy_cuda(candidates.contiguous(), parents.contiguous(),
                                   num_nodes.contiguous(), target_argmax.contiguous())
+    tensors = (candidates, parents, num_nodes, target_argmax)
+    kernel = cpu_tree.kernel_for(*tensors) if parents.dim() == 2 else None
+    if kernel is not None:  # the twin's checks first: the same errors either way
+        batch, nodes = check_verify_inputs("verify_greedy", candidates, parents, num_nodes)
+        check_tensor("verify_greedy", "target_argmax", target_argmax, (batch, nodes), torch.int64, parents.device)
+        accept_len, accepted_nodes, bonus_token = kernel.verify_greedy(*(t.contiguous() for t in tensors))
+        return VerifyResult(accept_len=accept_len, accepted_nodes=accepted_nodes, bonus_token=bonus_token)
     return verify_greedy_torch(candidates, parents, num_nodes, target_argmax)

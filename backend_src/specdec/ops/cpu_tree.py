@@ -1,0 +1,45 @@
+"""The tree work of a speculative step on the CPU, one call each (kernels/cpu_tree.cpp):
+`build_tree` and `verify_greedy` as kernels/tree_mask.cu and kernels/verify_greedy.cu
+compute them on a GPU, one request after another.
+
+The torch twins (`build_tree_torch`, `verify_greedy_torch`) run some forty operators each
+for a tree of a few nodes: on the 2-core Xeon VM 0.36 and 0.39 ms of an 8-node EAGLE-3
+step of about 20.5 (tools/bench/profile_step.py). Every output equals the twins', malformed
+trees included, so `build_tree` and `verify_greedy` (tree_mask.py, verify_greedy.py) take
+the kernel for CPU tensors whatever their dtype elsewhere (the float64 exact-equality tests
+run it too).
+
+Built at the first use on a machine (`models/cpu_extensions.py`). Without a compiler, or
+when the build fails, `tree_kernel()` logs why once and returns None, and the ops keep to
+their twins. `SPECDEC_CPU_TREE=0` never builds it and is read at every call.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ..models import cpu_extensions
+from ._cupy import kernel_dir
+
+SOURCE_NAME = "cpu_tree.cpp"
+
+
+def _build() -> Optional[Any]:
+    return cpu_extensions.load(kernel_dir() / SOURCE_NAME, "specdec_tree", "CPU tree kernel",
+                               "trees are built and verified by the torch twins")
+
+
+KERNEL = cpu_extensions.LazyKernel("SPECDEC_CPU_TREE", _build)
+wanted = KERNEL.wanted  # SPECDEC_CPU_TREE=0 never builds it
+tree_kernel = KERNEL.module  # the extension (`build_tree`, `verify_greedy`), or None
+build_id = KERNEL.build_id
+
+
+def kernel_for(*tensors: torch.Tensor) -> Optional[Any]:
+    """The kernel when every tensor is an int64 CPU tensor, else None (the caller runs the
+    twin). The kernel takes contiguous tensors: callers pass `.contiguous()`."""
+    for t in tensors:
+        if t.dtype is not torch.int64 or not t.is_cpu:
+            return None
+    return tree_kernel()
