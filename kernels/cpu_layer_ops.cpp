@@ -11,11 +11,15 @@
 //   greedy_tokens(logits)        the index of each row's largest value, [..., V] -> [...] int64: the
 //                                first one on ties, the first NaN where a row has one (as torch's
 //                                max(dim).indices, the twin in specdec/sampling.py)
+//   top_log_probs(logits, k, t)  the k largest log-probabilities of each row of logits / t, best
+//                                first, and their indices, [..., V] -> [..., k] twice: a drafter's
+//                                candidates (log_softmax(logits / t).topk(k), the twin in
+//                                specdec/drafters/eagle.py)
 //
 // Built at run time by specdec/models/cpu_layer_ops.py (torch.utils.cpp_extension, -march of
 // the machine it runs on). Their torch twins are the layers' own code (RMSNorm.forward,
 // MLP.forward's silu and product, Attention's split, reshapes and `rope`; greedy_tokens's is
-// sampling.greedy_tokens's max).
+// sampling.greedy_tokens's max, top_log_probs's EagleDrafter.top_log_probs's torch code).
 //
 // In a decode step these operate on a few rows of 576-1536 values: microseconds of
 // arithmetic, while torch spends several operators on each (a norm is eight: a cast,
@@ -25,7 +29,9 @@
 // Results: rope_qkv's are its twin's bit for bit (the same two products and sum, kept
 // apart: no fused multiply-add), write_kv's copies too. rms_norm sums the squares in another order than torch's
 // mean and silu_mul has its own exp (within 2 ulp), so theirs differ from the twins' in
-// the last bits. greedy_tokens's equal its twin's. A row's result depends on that row alone.
+// the last bits. greedy_tokens's equal its twin's. top_log_probs picks the twin's tokens (the
+// lowest index first among equal values, where torch's order is its own) and its values differ
+// from the twin's in the last bits (its own exp and sum). A row's result depends on that row alone.
 //
 // Needs float32 on the CPU with contiguous rows: x [R, H] and w [H]; gate_up [R, 2I]; logits [..., V];
 // qkv [B, T, (H_q + 2 H_kv) D] contiguous, cos and sin [B, 1, T, D] contiguous, D even; kv
@@ -36,6 +42,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -280,6 +287,79 @@ torch::Tensor greedy_tokens(const torch::Tensor& logits) {
   return out;
 }
 
+std::vector<torch::Tensor> top_log_probs(const torch::Tensor& logits, int64_t k, double temperature) {
+  check_cpu_float(logits, "logits");
+  TORCH_CHECK(logits.dim() >= 1, "logits [..., V] expected");
+  const int64_t V = logits.size(-1), R = V ? logits.numel() / V : 0;
+  TORCH_CHECK(k >= 1 && k <= V, "k in [1, ", V, "] expected, got ", k);
+  TORCH_CHECK(temperature > 0, "a positive temperature expected");
+  std::vector<int64_t> shape(logits.sizes().begin(), logits.sizes().end());
+  shape.back() = k;
+  auto values = torch::empty(shape, logits.options());
+  auto indices = torch::empty(shape, logits.options().dtype(torch::kInt64));
+  const float* lp = logits.data_ptr<float>();
+  float* vp = values.data_ptr<float>();
+  int64_t* ip = indices.data_ptr<int64_t>();
+  const float t = static_cast<float>(temperature);
+  const int64_t vec_end = V - V % LANES;
+  // A row is a few thousand exps: a drafting depth's 4-16 rows are shared out two at a time
+  at::parallel_for(0, R, 2, [&](int64_t begin, int64_t end) {
+    std::vector<float> scaled(V);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = lp + r * V;
+      float* y = scaled.data();
+      // 1. y = logits / t (a division, as the twin's), its largest value
+      lanes16 top = splat(-std::numeric_limits<float>::infinity());
+      for (int64_t v = 0; v < vec_end; v += LANES) {
+        const lanes16 x = load16(row + v) / t;
+        store16(y + v, x);
+        top = x > top ? x : top;
+      }
+      float largest = -std::numeric_limits<float>::infinity();
+      for (int i = 0; i < LANES; ++i) largest = std::fmax(largest, top[i]);
+      for (int64_t v = vec_end; v < V; ++v) {
+        y[v] = row[v] / t;
+        largest = std::fmax(largest, y[v]);
+      }
+      // 2. log(sum(exp(y - largest))), every term in [-87, 0] (below, exp is 0 to float32's eye)
+      lanes16 total = {};
+      for (int64_t v = 0; v < vec_end; v += LANES) total += exp_clamped(clamp16(load16(y + v) - largest, -87.0f, 0.0f));
+      float sum = 0.0f;
+      for (int i = 0; i < LANES; ++i) sum += total[i];
+      for (int64_t v = vec_end; v < V; ++v) sum += exp_scalar(std::fmin(std::fmax(y[v] - largest, -87.0f), 0.0f));
+      const float shift = largest + std::log(sum);
+      // 3. the k largest, best first, the lowest index first among equals: a sorted list that a
+      //    value enters only when larger than its last one (16 values checked at a time)
+      float* best = vp + r * k;
+      int64_t* at = ip + r * k;
+      int64_t held = 0;
+      auto offer = [&](float x, int64_t v) {
+        if (held == k && !(x > best[k - 1])) return;
+        int64_t j = held < k ? held++ : k - 1;
+        for (; j > 0 && x > best[j - 1]; --j) {
+          best[j] = best[j - 1];
+          at[j] = at[j - 1];
+        }
+        best[j] = x;
+        at[j] = v;
+      };
+      int64_t v = 0;
+      for (; v < vec_end; v += LANES) {
+        if (held == k) {
+          const ints16 larger = load16(y + v) > splat(best[k - 1]);
+          bool any = false;
+          for (int i = 0; i < LANES; ++i) any |= larger[i] != 0;
+          if (!any) continue;
+        }
+        for (int i = 0; i < LANES; ++i) offer(y[v + i], v + i);
+      }
+      for (; v < V; ++v) offer(y[v], v);
+      for (int64_t j = 0; j < k; ++j) best[j] -= shift;
+    }
+  });
+  return {values, indices};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMS norm of each row times the weight (CPU, float32)",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"));
@@ -291,6 +371,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv, "one request's new keys and values into the KV cache (CPU, float32)",
         pybind11::arg("kv"), pybind11::arg("layer"), pybind11::arg("slot"), pybind11::arg("start"),
         pybind11::arg("k"), pybind11::arg("v"));
+  m.def("top_log_probs", &top_log_probs, "the k largest log-probabilities of each row of logits / t (CPU, float32)",
+        pybind11::arg("logits"), pybind11::arg("k"), pybind11::arg("temperature"));
   m.def("greedy_tokens", &greedy_tokens, "the index of each row's largest value, the first on ties (CPU, float32)",
         pybind11::arg("logits"));
 }

@@ -119,6 +119,52 @@ def test_greedy_tokens_equal_its_twin(kernel, V, rows):
     assert torch.equal(greedy_tokens(x.view(1, rows, V)), x.max(dim=-1).indices.view(1, rows))
 
 
+@pytest.mark.parametrize("V", [8192, 49152, 100, 16, 5])
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_top_log_probs_are_the_twins(kernel, V, k):
+    """A drafter's candidates (drafters/eagle.top_log_probs): the k largest of logits / t,
+    best first and the lowest index first among equal values, and their log-probabilities,
+    as `log_softmax(logits / t).topk(k)` gives them up to float32 rounding; with distinct
+    values, the twin's very indices."""
+    from specdec.drafters.eagle import top_log_probs
+
+    k = min(k, V)
+    gen = torch.Generator().manual_seed(V + k)
+    for temperature in (1.0, 0.7):
+        x = torch.randn(3, 5, V, generator=gen) * 4
+        x[0, 1] = x[0, 1].round()  # many equal values, some of them among the k largest
+        x[1, 2, : V // 2] = float("-inf")
+        values, ids = top_log_probs(x, k, temperature)
+        assert values.shape == ids.shape == (3, 5, k) and ids.dtype == torch.int64
+        y = x / temperature
+        picked = y.gather(-1, ids)
+        assert (picked[..., 1:] <= picked[..., :-1]).all()  # best first
+        assert (y.topk(k, dim=-1).values == picked).all()  # the k largest values
+        ties = picked[..., 1:] == picked[..., :-1]
+        assert (ids[..., 1:][ties] > ids[..., :-1][ties]).all()  # equal values: the lower index first
+        twin = torch.log_softmax(y, dim=-1).gather(-1, ids)
+        finite = twin.isfinite()  # -inf logits: -inf log-probs in both
+        assert torch.equal(values.isfinite(), finite) and (values[~finite] == twin[~finite]).all()
+        assert (values[finite] - twin[finite]).abs().max() < 1e-5 * max(1.0, twin[finite].abs().max().item())
+        want_ids = torch.log_softmax(y, dim=-1).topk(k, dim=-1).indices
+        distinct = (x != x.round()).all(-1)  # rows without repeated values
+        assert torch.equal(ids[distinct], want_ids[distinct])
+    with torch.no_grad():
+        wide = torch.randn(2, V, dtype=torch.float64, generator=gen)
+        got_values, got_ids = top_log_probs(wide, k)
+        want_values, want_ids = torch.log_softmax(wide, -1).topk(k)
+        assert got_values.dtype == torch.float64 and torch.equal(got_values, want_values)  # float64: the twin
+
+
+def test_drafting_takes_top_log_probs_for_float32(kernel, monkeypatch):
+    from specdec.drafters import eagle
+
+    counted = Counted(kernel)
+    monkeypatch.setattr(cpu_layer_ops, "layer_ops_kernel", lambda: counted)
+    eagle.top_log_probs(torch.randn(2, 64), 3)
+    assert counted.calls == ["top_log_probs"]
+
+
 def test_a_rows_result_is_the_same_alone_and_beside_other_rows(kernel):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(40, 576, generator=gen)
