@@ -19,7 +19,7 @@
 //
 // A tree of a decode step has 2-64 nodes: a few hundred integer steps, where the twins run
 // some forty torch operators each (pointer doubling over the batch, bitsets unpacked through
-// byte tables), 0.36 and 0.39 ms a step on the 2-core Xeon VM for an 8-node tree.
+// byte tables), 0.34-0.50 ms each a step on the 2-core Xeon VM for an 8-node tree.
 //
 // Needs contiguous int64 CPU tensors; the Python side checks and falls back to the twins.
 #include <torch/extension.h>

@@ -3,11 +3,11 @@
 compute them on a GPU, one request after another.
 
 The torch twins (`build_tree_torch`, `verify_greedy_torch`) run some forty operators each
-for a tree of a few nodes: on the 2-core Xeon VM 0.36 and 0.39 ms of an 8-node EAGLE-3
-step of about 20.5 (tools/bench/profile_step.py). Every output equals the twins', malformed
-trees included, so `build_tree` and `verify_greedy` (tree_mask.py, verify_greedy.py) take
-the kernel for CPU tensors whatever their dtype elsewhere (the float64 exact-equality tests
-run it too).
+for a tree of a few nodes: on the 2-core Xeon VM 0.34-0.50 ms each of an 8-node EAGLE-3
+step of 20-26 ms, 0.04-0.06 through the kernel (docs/benchmarks.md 1.35). Every output
+equals the twins', malformed trees included, so `build_tree` and `verify_greedy`
+(tree_mask.py, verify_greedy.py) take the kernel for CPU tensors whatever the model's dtype
+(the float64 exact-equality tests run it too).
 
 Built at the first use on a machine (`models/cpu_extensions.py`). Without a compiler, or
 when the build fails, `tree_kernel()` logs why once and returns None, and the ops keep to
