@@ -59,14 +59,17 @@ def test_build_tree_padding_rows_attend_to_themselves_only():
     assert tb.first_child.tolist() == [[1, -1, -1, -1]]
 
 
-def test_build_tree_rejects_bad_inputs():
+@pytest.mark.parametrize("build", (build_tree_torch, build_tree))  # the dispatcher: the CPU kernel's way
+def test_build_tree_rejects_bad_inputs(build):
     zero2 = torch.tensor([0, 0])
     with pytest.raises(ValueError, match="parents must be torch.int64"):
-        build_tree_torch(torch.zeros(1, 3, dtype=torch.int32), torch.tensor([3]), zero2[:1])
+        build(torch.zeros(1, 3, dtype=torch.int32), torch.tensor([3]), zero2[:1])
     with pytest.raises(ValueError, match=r"num_nodes must have shape \[2\]"):
-        build_tree_torch(torch.zeros(2, 3, dtype=torch.int64), torch.tensor([3]), zero2)
+        build(torch.zeros(2, 3, dtype=torch.int64), torch.tensor([3]), zero2)
     with pytest.raises(ValueError, match="at least one node"):
-        build_tree_torch(torch.zeros(2, 0, dtype=torch.int64), zero2, zero2)
+        build(torch.zeros(2, 0, dtype=torch.int64), zero2, zero2)
+    with pytest.raises(ValueError, match=r"prefix_len must have shape \[2\]"):
+        build(torch.zeros(2, 3, dtype=torch.int64), zero2, zero2[:1])
 
 
 # --- verify_greedy ----------------------------------------------------------------------
