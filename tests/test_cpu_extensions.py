@@ -58,16 +58,21 @@ def test_the_switch_at_0_builds_nothing(monkeypatch):
 def test_a_float32_cpu_engine_builds_its_layers_kernels_at_load(monkeypatch):
     """The layer operations and the attention kernel are built while the engine loads, not
     by its first request (each build took 1-2 minutes on a fresh 2-core VM, and a server is
-    ready once loaded). A float64 engine takes neither and builds neither."""
+    ready once loaded). A float64 engine takes neither and builds neither; the tree kernel,
+    which every CPU engine takes, is built at every CPU load."""
     from engine_helpers import make_engine
     from specdec.models import cpu_attention, cpu_layer_ops
+    from specdec.ops import cpu_tree
 
     calls: list = []
     for module in (cpu_layer_ops, cpu_attention):  # fresh kernels whose builds fail, as without a compiler
         monkeypatch.setattr(module.KERNEL, "cache", {})
         monkeypatch.setattr(module.KERNEL, "_build", counting_build(None, calls))
+    tree_calls: list = []
+    monkeypatch.setattr(cpu_tree.KERNEL, "cache", {})
+    monkeypatch.setattr(cpu_tree.KERNEL, "_build", counting_build(None, tree_calls))
     make_engine(dtype="float64")
-    assert calls == []
+    assert calls == [] and len(tree_calls) == 1  # trees are int64 whatever the model's dtype
     make_engine(dtype="float32", max_batch_size=1)
     assert len(calls) == 2 and "module" in cpu_layer_ops.KERNEL.cache and "module" in cpu_attention.KERNEL.cache
 

@@ -44,6 +44,7 @@ from .models.eagle3 import eagle3_feature_layers
 from .models.layers import attention_without_per_shape_plans, causal_mask
 from .models.cpu_linear import RowRouting, packed_layers, use_packed_cpu_linears
 from .models.llama import LlamaModel
+from .ops import cpu_tree
 from .ops.kv_compact import kv_compact
 from .ops.tree_mask import TreeBuffers, build_tree
 from .ops.verify_greedy import verify_greedy
@@ -191,11 +192,15 @@ class Engine:
         self.row_routing: Optional[RowRouting] = None  # the target's decoder layers'
         self.head_routing: Optional[RowRouting] = None  # the target's LM head's
         self.row_routing_source = ""  # where it came from (routing_cache.py)
+        if self.device.type == "cpu":
+            # The CPU kernels are compiled at their first use on a machine, a minute or more
+            # each on 2 cores: built now, so that a server is ready only once it can answer,
+            # not answering its first request minutes late. Trees are built and verified on
+            # int64 tensors whatever the model's dtype (ops/cpu_tree.py).
+            cpu_tree.tree_kernel()
         if self.device.type == "cpu" and dtype == torch.float32:
-            # The CPU kernels the layers take are compiled at their first use on a machine, a
-            # minute or more each on 2 cores: built now, so that a server is ready only once it
-            # can answer, not answering its first request minutes late (the routing below
-            # builds the streamed and AMX kernels: its cache names their builds).
+            # The layers' kernels (the routing below builds the streamed and AMX kernels: its
+            # cache names their builds)
             cpu_layer_ops.layer_ops_kernel()
             cpu_attention.attention_kernel()
             drafter_modules = [m for d in {id(d): d for d in loaded.drafters.values()}.values()
