@@ -33,8 +33,19 @@ def test_reads_are_the_slots_keys_and_values(cache, slots):
         assert k.shape == (B, H, batch.key_len, D)
         assert torch.equal(k, cache.kv[layer, 0, slots, :, : batch.key_len])
         assert torch.equal(v, cache.kv[layer, 1, slots, :, : batch.key_len])
-        if consecutive:  # in place: the same storage as the cache
+        if consecutive:  # in place: the same storage as the cache, laid out as its slice
             assert k.untyped_storage().data_ptr() == cache.kv.untyped_storage().data_ptr()
+            assert k.stride() == cache.kv[layer, 0, slots[0]: slots[0] + B, :, : batch.key_len].stride()
+
+
+def test_an_in_place_read_reaches_the_last_slot_and_position_and_no_further(cache):
+    last = AttentionBatch.build(torch.tensor([S - 1]), torch.tensor([T - 1]), causal_mask(1, 1, "cpu"),
+                                host_slots=[S - 1])
+    k, v = cache.read(L - 1, last)
+    assert torch.equal(k, cache.kv[L - 1, 0, S - 1:, :, :T]) and torch.equal(v, cache.kv[L - 1, 1, S - 1:])
+    past = AttentionBatch.build(torch.tensor([S - 1]), torch.tensor([T]), causal_mask(1, 1, "cpu"), host_slots=[S - 1])
+    with pytest.raises(ValueError, match="outside the cache"):
+        cache.read(0, past)  # one key past the cache's positions
 
 
 def test_a_later_read_reuses_the_gather_buffer(cache):

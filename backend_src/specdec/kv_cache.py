@@ -139,8 +139,16 @@ class KVCache:
             s = batch.slots[0]
             return self.kv[layer, 0, s, :, :n][None], self.kv[layer, 1, s, :, :n][None]
         if batch.first_slot is not None:
-            s = slice(batch.first_slot, batch.first_slot + B)
-            return self.kv[layer, 0, s, :, :n], self.kv[layer, 1, s, :, :n]
+            # The views `self.kv[layer, part, first : first + B, :, :n]` made in one call each:
+            # indexing makes five views a read (7.5 µs a layer on the 2-core Xeon against 3.5,
+            # 30 reads a forward; ad hoc)
+            if not (0 <= batch.first_slot and batch.first_slot + B <= self.num_slots and n <= self.max_len):
+                raise ValueError(f"slots [{batch.first_slot}, {batch.first_slot + B}) or {n} keys outside the cache")
+            layer_stride, part_stride, *view_strides = self.kv.stride()
+            offset = self.kv.storage_offset() + layer * layer_stride + batch.first_slot * view_strides[0]
+            shape = (B, self.kv.shape[3], n, self.kv.shape[5])
+            return (self.kv.as_strided(shape, view_strides, offset),
+                    self.kv.as_strided(shape, view_strides, offset + part_stride))
         self.reserve_gather()
         H, D = self.kv.shape[3], self.kv.shape[5]
         k = self._gather[0, : B * H * n * D].view(B, H, n, D)
