@@ -91,6 +91,7 @@ from dataset_converter import DatasetError, first_turns, read_question_set  # no
 from family import FAMILY_DIR  # noqa: E402
 from prepare_dataset import read_samples  # noqa: E402
 from repeats import format_ratio, ratio_summary  # noqa: E402
+from triton_env import usable_cores  # noqa: E402
 from specdec.config import DRAFTER_PARAMETERS, DTYPES, EngineConfig  # noqa: E402
 from specdec.drafters.choices import parse_choices  # noqa: E402
 from specdec.drafters.lookup import GRAFTED_METHODS as LOOKUP_METHODS  # noqa: E402
@@ -590,7 +591,7 @@ def machine_info(device: str) -> dict:
     info = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         host=platform.node(), cpu=cpu, cpu_cores=os.cpu_count(),
-        cpu_cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        cpu_cores_usable=usable_cores(),
         torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         gpu=torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,
         python=platform.python_version(), torch=torch.__version__, git_commit=_git_commit(),

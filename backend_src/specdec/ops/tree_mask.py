@@ -58,6 +58,15 @@ def check_tree_inputs(op: str, parents: torch.Tensor, num_nodes: torch.Tensor,
     return batch, nodes
 
 
+def check_build_tree_inputs(parents: torch.Tensor, num_nodes: torch.Tensor,
+                            prefix_len: torch.Tensor) -> tuple[int, int]:
+    """build_tree's checks (the twin's and the CPU kernel's): parents[B, N], num_nodes[B] and
+    prefix_len[B], int64 on one device; returns (B, N)."""
+    batch, nodes = check_tree_inputs("build_tree", parents, num_nodes)
+    check_tensor("build_tree", "prefix_len", prefix_len, (batch,), torch.int64, parents.device)
+    return batch, nodes
+
+
 def tree_jumps(parents: torch.Tensor, num_nodes: torch.Tensor):
     """Ancestor jump table of a padded batch of trees.
 
@@ -140,8 +149,7 @@ def build_tree_torch(parents: torch.Tensor, num_nodes: torch.Tensor,
 
     parents[B, N], num_nodes[B], prefix_len[B]: int64 on one device.
     """
-    batch, nodes = check_tree_inputs("build_tree", parents, num_nodes)
-    check_tensor("build_tree", "prefix_len", prefix_len, (batch,), torch.int64, parents.device)
+    batch, nodes = check_build_tree_inputs(parents, num_nodes, prefix_len)
     device = parents.device
     valid, jump = tree_jumps(parents, num_nodes)
     rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
@@ -213,10 +221,9 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor,
             and _cupy.get_kernel(_KERNEL_FILE, "build_tree", parents.device) is not None):
         return build_tree_cuda(parents.contiguous(), num_nodes.contiguous(),
                                prefix_len.contiguous())
-    kernel = cpu_tree.kernel_for(parents, num_nodes, prefix_len) if parents.dim() == 2 else None
-    if kernel is not None:  # the twin's checks first: the same errors either way
-        batch, _ = check_tree_inputs("build_tree", parents, num_nodes)
-        check_tensor("build_tree", "prefix_len", prefix_len, (batch,), torch.int64, parents.device)
+    kernel = cpu_tree.kernel_for(parents, num_nodes, prefix_len)
+    if kernel is not None:
+        check_build_tree_inputs(parents, num_nodes, prefix_len)  # the twin's checks: the same errors either way
         mask, positions, depth, first_child, next_sibling = kernel.build_tree(
             parents.contiguous(), num_nodes.contiguous(), prefix_len.contiguous())
         return TreeBuffers(tree_mask=mask, positions=positions, depth=depth, first_child=first_child,

@@ -45,6 +45,16 @@ def check_verify_inputs(op: str, candidates: torch.Tensor, parents: torch.Tensor
     return batch, nodes
 
 
+def check_greedy_inputs(candidates: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
+                        target_argmax: torch.Tensor) -> tuple[int, int]:
+    """verify_greedy's checks (the twin's and the CPU kernel's): `check_verify_inputs` and
+    target_argmax [B, N] int64 on parents' device; returns (B, N)."""
+    batch, nodes = check_verify_inputs("verify_greedy", candidates, parents, num_nodes)
+    check_tensor("verify_greedy", "target_argmax", target_argmax, (batch, nodes), torch.int64,
+                 parents.device)
+    return batch, nodes
+
+
 def check_verify_out(op: str, out: Optional[VerifyResult], batch: int, nodes: int,
                      device: torch.device) -> VerifyResult:
     """`out` checked (contiguous int64 of the result's shapes on `device`), or new outputs."""
@@ -86,9 +96,7 @@ def verify_greedy_torch(candidates: torch.Tensor, parents: torch.Tensor,
     parents[B, N], num_nodes[B]: the trees (docs/DESIGN.md); target_argmax[B, N]: the
     target's argmax at each node. All int64 on one device.
     """
-    batch, nodes = check_verify_inputs("verify_greedy", candidates, parents, num_nodes)
-    check_tensor("verify_greedy", "target_argmax", target_argmax, (batch, nodes), torch.int64,
-                 parents.device)
+    batch, nodes = check_greedy_inputs(candidates, parents, num_nodes, target_argmax)
     device = parents.device
     idx = torch.arange(nodes, device=device)
     rows = torch.arange(batch, device=device).unsqueeze(1)
@@ -151,10 +159,9 @@ def verify_greedy(candidates: torch.Tensor, parents: torch.Tensor, num_nodes: to
         return verify_greedy_cuda(candidates.contiguous(), parents.contiguous(),
                                   num_nodes.contiguous(), target_argmax.contiguous())
     tensors = (candidates, parents, num_nodes, target_argmax)
-    kernel = cpu_tree.kernel_for(*tensors) if parents.dim() == 2 else None
-    if kernel is not None:  # the twin's checks first: the same errors either way
-        batch, nodes = check_verify_inputs("verify_greedy", candidates, parents, num_nodes)
-        check_tensor("verify_greedy", "target_argmax", target_argmax, (batch, nodes), torch.int64, parents.device)
+    kernel = cpu_tree.kernel_for(*tensors)
+    if kernel is not None:
+        check_greedy_inputs(*tensors)  # the twin's checks: the same errors either way
         accept_len, accepted_nodes, bonus_token = kernel.verify_greedy(*(t.contiguous() for t in tensors))
         return VerifyResult(accept_len=accept_len, accepted_nodes=accepted_nodes, bonus_token=bonus_token)
     return verify_greedy_torch(candidates, parents, num_nodes, target_argmax)
