@@ -16,10 +16,14 @@
 //   1. scores^T [S, 16] = K [S, D] x Q^T [D, 16]: each key's D values broadcast against
 //      the rows' query values (the scale 1 / sqrt(D) folded into Q^T);
 //   2. softmax down each lane (masked keys -inf, their exp 0);
-//   3. out [16, D] = P [16, S] x V [S, D], a few rows at a time against each value row.
+//   3. out [16, D] = P [16, S] x V [S, D], a few rows at a time against each value row, the
+//      last few as a block of just their number (one query's 3 rows are not computed as 6).
 // A row's result is a fixed sequence of operations on its own query and the keys and
 // values it reads, whatever rows share its task or call. It differs from the torch twin's
-// in the last bits (another summation order and exp).
+// in the last bits (another summation order and exp). Tasks are never split along the keys,
+// though one request's 3 KV heads leave one of 2 threads half idle: a split's partial sums
+// would group a row's keys by position, so a tree node and a plain step over the same keys
+// (masked ones between them or not) would no longer add up the same way.
 //
 // Needs: q [B, H, T, D] and k, v [B, H_kv, S, D] float32 with their last dimension
 // contiguous (q as the layers give it, k and v views of the KV cache); mask [B or 1, 1, T, S] contiguous bool;
@@ -77,6 +81,41 @@ struct Task {
   int64_t head, G, H, T, S, first_row, rows;  // KV head `head`; rows [first_row, first_row + rows) of its G * T
 };
 
+// Step 3. for rows [i0, i0 + NR) of a task: out = P x V over its S keys, `scores` holding
+// P^T [S, 16], each row scaled by its `inverse` sum at the end. Each row's sums are the same
+// sequence of operations whatever NR is.
+template <int DV, int NR>
+void weigh_values(const Task& task, const float* scores, const float* inverse, int64_t i0) {
+  constexpr int D = DV * LANES;
+  lanes16 acc[NR][DV] = {};
+  for (int64_t j = 0; j < task.S; j++) {
+    lanes16 value[DV];
+    for (int c = 0; c < DV; c++) value[c] = load16(task.v + j * task.v_stride + c * LANES);
+    const float* p = scores + j * LANES + i0;
+    for (int i = 0; i < NR; i++) {
+      for (int c = 0; c < DV; c++) acc[i][c] += p[i] * value[c];
+    }
+  }
+  for (int i = 0; i < NR; i++) {
+    const int64_t r = task.first_row + i0 + i, g = r / task.T, t = r % task.T;
+    float* o = task.out + (t * task.H + task.head * task.G + g) * D;
+    for (int c = 0; c < DV; c++) store16(o + c * LANES, acc[i][c] * inverse[i0 + i]);
+  }
+}
+
+// The last `rows` rows (fewer than a full block) as one block of exactly that many: NR,
+// NR - 1, ..., 1 (a block of 6 rows for 3 did twice the work).
+template <int DV, int NR>
+void weigh_values_last(int64_t rows, const Task& task, const float* scores, const float* inverse, int64_t i0) {
+  if constexpr (NR > 0) {
+    if (rows == NR) {
+      weigh_values<DV, NR>(task, scores, inverse, i0);
+    } else {
+      weigh_values_last<DV, NR - 1>(rows, task, scores, inverse, i0);
+    }
+  }
+}
+
 // One task: up to 16 query rows (row r = g * T + t: query head head * G + g, token t) of
 // one KV head. `scores` holds [S, 16] floats.
 template <int DV>
@@ -128,26 +167,10 @@ void attend_rows(const Task& task, float* scores) {
   }
   alignas(64) float inverse[LANES];
   store16(inverse, splat(1.0f) / total);
-  // 3. out = P x V, ROWS rows at a time.
-  for (int64_t i0 = 0; i0 < R; i0 += ROWS) {
-    const int64_t n = R - i0 < ROWS ? R - i0 : ROWS;
-    lanes16 acc[ROWS][DV] = {};
-    for (int64_t j = 0; j < S; j++) {
-      lanes16 value[DV];
-      for (int c = 0; c < DV; c++) value[c] = load16(task.v + j * task.v_stride + c * LANES);
-      // All ROWS rows, also past `n` (their sums are never stored): p[i] may then read the
-      // next key's lanes, or the buffer's spare lanes after the last key.
-      const float* p = scores + j * LANES + i0;
-      for (int i = 0; i < ROWS; i++) {
-        for (int c = 0; c < DV; c++) acc[i][c] += p[i] * value[c];
-      }
-    }
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t r = task.first_row + i0 + i, g = r / T, t = r % T;
-      float* o = task.out + (t * task.H + task.head * task.G + g) * D;
-      for (int c = 0; c < DV; c++) store16(o + c * LANES, acc[i][c] * inverse[i0 + i]);
-    }
-  }
+  // 3. out = P x V, ROWS rows at a time, the last few as a block of their own size.
+  int64_t i0 = 0;
+  for (; i0 + ROWS <= R; i0 += ROWS) weigh_values<DV, ROWS>(task, scores, inverse, i0);
+  if (i0 < R) weigh_values_last<DV, ROWS - 1>(R - i0, task, scores, inverse, i0);
 }
 
 }  // namespace
@@ -180,7 +203,7 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   float* op = out.data_ptr<float>();
   // Tasks: (batch row, KV head, chunk of 16 query rows), over torch's threads.
   at::parallel_for(0, B * H_kv * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(S * LANES + LANES);  // [S, 16] and spare lanes for step 3.'s last reads
+    std::vector<float> scores(S * LANES);  // [S, 16]
     float* buffer = scores.data();
     for (int64_t id = begin; id < end; id++) {
       const int64_t b = id / (H_kv * chunks), head = (id / chunks) % H_kv, chunk = id % chunks;
