@@ -1,7 +1,9 @@
 """The CPU tree kernel (kernels/cpu_tree.cpp, ops/cpu_tree.py): `build_tree` and
 `verify_greedy` equal their torch twins output for output, over random trees of odd sizes,
-malformed ones and inputs the twins' checks refuse; the dispatchers take it for CPU tensors
-and keep to the twins where it is off or failed to build."""
+malformed ones and inputs the twins' checks refuse; `kv_compact` leaves the KV cache as its
+twin does after every accepted path, and skips moves outside the cache as the CUDA kernel
+does; the dispatchers take it for CPU tensors and keep to the twins where it is off or
+failed to build."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +11,8 @@ import pytest
 import torch
 
 from cpu_kernels import built_or_skip, fail_the_build
-from specdec.ops import build_tree, build_tree_torch, cpu_tree, verify_greedy, verify_greedy_torch
+from specdec.ops import (build_tree, build_tree_torch, cpu_tree, kv_compact, kv_compact_torch, verify_greedy,
+                         verify_greedy_torch)
 from tree_refs import malformed_trees, random_trees
 
 
@@ -86,3 +89,83 @@ def test_off_or_unbuilt_the_twins_run(monkeypatch, tmp_path, caplog):
     want_path = verify_greedy_torch(candidates, parents, num_nodes, target_argmax).accepted_nodes
     assert torch.equal(got.accepted_nodes, want_path)
     assert caplog.text.count("CPU tree kernel unavailable") == 1
+
+
+def compact_inputs(batch: int, nodes: int, seed: int, slots: int = 6):
+    """slots, prefix_len, accepted_nodes, accept_len: greedy verification's paths through
+    random trees (a 2-token vocabulary: long paths, many of them not in place)."""
+    rng = np.random.default_rng([13, batch, nodes, seed])
+    parents, num_nodes = random_trees(rng, batch, nodes)
+    path = verify_greedy_torch(torch.from_numpy(rng.integers(0, 2, size=(batch, nodes))), parents, num_nodes,
+                               torch.from_numpy(rng.integers(0, 2, size=(batch, nodes))))
+    return (torch.from_numpy(rng.permutation(slots)[:batch]), torch.from_numpy(rng.integers(0, 100, size=batch)),
+            path.accepted_nodes, path.accept_len)
+
+
+@pytest.mark.parametrize("batch, nodes", [(1, 2), (1, 9), (3, 17), (6, 64)])
+@pytest.mark.parametrize("dtype, head_dim", [(torch.float32, 64), (torch.float64, 5), (torch.bfloat16, 8),
+                                             (torch.float16, 3)])
+def test_kv_compact_equals_the_twin(kernel, batch, nodes, dtype, head_dim):
+    moved = False
+    for seed in range(3):
+        args = compact_inputs(batch, nodes, seed)
+        kv = torch.randn(2, 2, 6, 3, 100 + nodes, head_dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        want = kv.clone()
+        kv_compact_torch(want, *args)
+        moved |= not torch.equal(want, kv)
+        kernel.kv_compact(kv, *args)
+        assert torch.equal(kv, want), seed
+    assert moved or nodes == 2  # the paths moved rows: the test compares moves, not two no-ops
+
+
+def test_kv_compact_skips_moves_outside_the_cache(kernel):
+    """A request whose path would read past the cache's positions (or whose slot is not in
+    it) is left as it is, as kv_compact.cu leaves it; the others move."""
+    kv = torch.randn(1, 2, 3, 2, 12, 4)
+    accepted = torch.tensor([[0, 2, 5], [0, 2, 3], [0, 1, 2]])
+    slots, prefix, accept_len = torch.tensor([0, 1, 7]), torch.tensor([3, 8, 0]), torch.tensor([2, 2, 2])
+    want = kv.clone()
+    kv_compact_torch(want, slots[:1], prefix[:1], accepted[:1], accept_len[:1])  # request 0 through the twin
+    want[:, :, 1, :, 9] = kv[:, :, 1, :, 10]  # request 1 by hand (position 11 is the cache's last); request 2's
+    want[:, :, 1, :, 10] = kv[:, :, 1, :, 11]  # slot 7 is not among the cache's 3: untouched
+    got = kv.clone()
+    kernel.kv_compact(got, slots, prefix, accepted, accept_len)
+    assert torch.equal(got, want)
+    past = torch.tensor([[0, 2, 9]])  # 8 + 9 = 17 >= 12: that move is skipped, the one before it is not
+    got = kv.clone()
+    kernel.kv_compact(got, torch.tensor([1]), torch.tensor([8]), past, torch.tensor([2]))
+    want = kv.clone()
+    want[:, :, 1, :, 9] = kv[:, :, 1, :, 10]
+    assert torch.equal(got, want)
+
+
+def test_kv_compact_dispatcher(kernel, monkeypatch):
+    calls = []
+    original = kernel.kv_compact
+    monkeypatch.setattr(kernel, "kv_compact", lambda *a: calls.append(1) or original(*a), raising=False)
+    monkeypatch.setattr(cpu_tree, "tree_kernel", lambda: kernel)
+    args = compact_inputs(3, 17, 0)
+    kv = torch.randn(2, 2, 6, 3, 117, 8)
+    want = kv.clone()
+    kv_compact_torch(want, *args)
+    kv_compact(kv, *args)
+    assert calls == [1] and torch.equal(kv, want)
+    # A cache that is a strided view keeps to the twin, with the same result
+    wide = torch.randn(2, 2, 6, 3, 117, 16)
+    view, want = wide[..., :8], wide[..., :8].clone()
+    kv_compact_torch(want, *args)
+    kv_compact(view, *args)
+    assert calls == [1] and torch.equal(view, want)
+    # The twin's errors for its checks' inputs
+    with pytest.raises(ValueError, match=r"accept_len must have shape \[3\]"):
+        kv_compact(kv, *args[:3], torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match=r"kv must have shape \[L, 2, S, H, T, D\]"):
+        kv_compact(kv[0], *args)
+    assert calls == [1]
+    monkeypatch.setenv("SPECDEC_CPU_TREE", "0")
+    monkeypatch.setattr(cpu_tree, "tree_kernel", cpu_tree.KERNEL.module)
+    kv = torch.randn(2, 2, 6, 3, 117, 8)
+    want = kv.clone()
+    kv_compact_torch(want, *args)
+    kv_compact(kv, *args)
+    assert calls == [1] and torch.equal(kv, want)
