@@ -198,3 +198,7 @@ $PY tools/train/train_heads.py --base "$BASE" \
 cp .cache/train/round15/eagle/* "$OUT/eagle/"
 rm -f "$OUT/eagle3/"*
 $PY tools/packed_rows.py pack .cache/train/round15/eagle3 "$OUT/eagle3"
+# 10. round 16's data: 1,600 more steered conversations (indexes 16,044-17,643; committed,
+#     written 2026-12-02 in 22 minutes), unpacked for the next round; no head has trained on
+#     them yet (checkpoints/smollm2-135m-instruct/MODEL_CARD.md)
+later_round .cache/data/self_distill_round16.jsonl 16044 17644 --steered
